@@ -1,0 +1,26 @@
+# Sluice: the two set-up commands are `make run` and `make test` (see README.md).
+CARGO ?= cargo
+THREADS ?= 2
+
+.PHONY: run test fetch-model build lint bench
+fetch-model:
+	./scripts/fetch-model.sh
+
+build:
+	$(CARGO) build --release --workspace
+
+## Runs the bundled engine on the real model (the gateway in front of it lands with its own issue).
+run: fetch-model build
+	./target/release/sluice-engine generate --chat --threads $(THREADS) --max-tokens 128 \
+	  --prompt "$${PROMPT:-Explain in two sentences why admission control matters for an LLM server.}"
+
+## Everything CI checks: formatting, lints, the test suite against the real model.
+test: fetch-model lint
+	$(CARGO) test --release --workspace
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+bench: fetch-model build
+	./target/release/sluice-engine bench --threads $(THREADS)

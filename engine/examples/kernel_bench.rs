@@ -1,0 +1,139 @@
+//! Times the CPU matmul kernels on SmolLM2-135M's shapes.
+//!
+//! `cargo run --release -p sluice-engine --example kernel_bench [-- THREADS]` (default 2 threads;
+//! `SLUICE_SIMD=scalar|avx2` caps the instruction set). Prints µs per call and GMAC/s for each
+//! shape at m = 1, 8 and 512, then estimates a whole decode step and a 512-token prefill.
+
+use std::time::{Duration, Instant};
+
+use sluice_engine::backend::cpu::kernels::{matmul, matmul_multi, simd_level, QMatrix};
+use sluice_engine::backend::cpu::pool::ThreadPool;
+use sluice_engine::dtype::GgmlType;
+
+const LAYERS: usize = 30;
+
+/// (name, dtype, cols, rows, uses per layer); the head is used once per token.
+const SHAPES: &[(&str, GgmlType, usize, usize, usize)] = &[
+    ("q/o  576->576", GgmlType::Q4_1, 576, 576, 2),
+    ("k/v  576->192", GgmlType::Q4_1, 576, 192, 2),
+    ("gate/up 576->1536", GgmlType::Q4_1, 576, 1536, 2),
+    ("down 1536->576", GgmlType::Q4_1, 1536, 576, 1),
+    ("head 576->49152", GgmlType::Q8_0, 576, 49152, 0),
+];
+
+struct Rng(u64);
+
+impl Rng {
+    fn byte(&mut self) -> u8 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 32) as u8
+    }
+}
+
+fn random_weights(rng: &mut Rng, dtype: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let blocks = rows * cols / 32;
+    let mut v = Vec::with_capacity(blocks * dtype.type_size());
+    for _ in 0..blocks {
+        // Scales 0.01 (f16 0x211F) and, for Q4_1, a minimum of -0.08 (f16 0xAD1F).
+        v.extend([0x1F, 0x21]);
+        if dtype == GgmlType::Q4_1 {
+            v.extend([0x1F, 0xAD]);
+        }
+        v.extend((0..dtype.type_size() - v.len() % dtype.type_size()).map(|_| rng.byte()));
+    }
+    v
+}
+
+/// Median time of one call, timing batches of calls for about `budget`.
+fn time_it(budget: Duration, mut f: impl FnMut()) -> Duration {
+    f();
+    let start = Instant::now();
+    f();
+    let one = start.elapsed().max(Duration::from_nanos(100));
+    let per_batch = ((budget.as_secs_f64() / 15.0) / one.as_secs_f64()).clamp(1.0, 10_000.0) as u32;
+    let mut samples = Vec::new();
+    let t0 = Instant::now();
+    while samples.len() < 5 || (t0.elapsed() < budget && samples.len() < 15) {
+        let s = Instant::now();
+        for _ in 0..per_batch {
+            f();
+        }
+        samples.push(s.elapsed() / per_batch);
+    }
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn main() {
+    let threads: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2);
+    let pool = ThreadPool::new(threads);
+    println!("kernel_bench: {threads} threads, SIMD level {:?}", simd_level());
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let budget = Duration::from_millis(300);
+    let ms = [1usize, 8, 512];
+    // decode[k] / prefill[k]: estimated whole-model time per step for m = ms[k].
+    let mut model_time = [0f64; 3];
+    println!("{:<20} {:>6} {:>12} {:>10}", "shape", "m", "us/call", "GMAC/s");
+    for &(name, dtype, cols, rows, per_layer) in SHAPES {
+        let data = random_weights(&mut rng, dtype, rows, cols);
+        let w = match QMatrix::new(dtype, rows, cols, &data) {
+            Ok(w) => w,
+            Err(e) => panic!("bad benchmark matrix: {e}"),
+        };
+        for (k, &m) in ms.iter().enumerate() {
+            let x: Vec<f32> = (0..m * cols).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
+            let mut y = vec![0f32; m * rows];
+            let t = time_it(budget, || matmul(&pool, &w, &x, m, &mut y));
+            let macs = (m * rows * cols) as f64;
+            println!(
+                "{name:<20} {m:>6} {:>12.1} {:>10.1}",
+                t.as_secs_f64() * 1e6,
+                macs / t.as_secs_f64() / 1e9
+            );
+            let uses = if per_layer == 0 { 1 } else { per_layer * LAYERS };
+            model_time[k] += uses as f64 * t.as_secs_f64();
+        }
+    }
+    for (k, &m) in ms.iter().enumerate() {
+        println!(
+            "model matmuls at m={m}: {:.2} ms per step ({:.0} tok/s from matmuls alone)",
+            model_time[k] * 1e3,
+            m as f64 / model_time[k]
+        );
+    }
+
+    // A decode layer as the model issues it: fused QKV and gate/up via matmul_multi.
+    let mk = |rng: &mut Rng, rows: usize, cols: usize| random_weights(rng, GgmlType::Q4_1, rows, cols);
+    let (dq, dk, dv, dout, dg, du, dd) = (
+        mk(&mut rng, 576, 576),
+        mk(&mut rng, 192, 576),
+        mk(&mut rng, 192, 576),
+        mk(&mut rng, 576, 576),
+        mk(&mut rng, 1536, 576),
+        mk(&mut rng, 1536, 576),
+        mk(&mut rng, 576, 1536),
+    );
+    let q = |rows, cols, d| QMatrix::new(GgmlType::Q4_1, rows, cols, d).expect("valid");
+    let qkv = [q(576, 576, &dq), q(192, 576, &dk), q(192, 576, &dv)];
+    let gu = [q(1536, 576, &dg), q(1536, 576, &du)];
+    let (wo, wd) = (q(576, 576, &dout), q(576, 1536, &dd));
+    for m in [1usize, 512] {
+        let x: Vec<f32> = (0..m * 1536).map(|i| ((i * 31) % 200) as f32 / 100.0 - 1.0).collect();
+        let (mut yq, mut yk, mut yv) = (vec![0f32; m * 576], vec![0f32; m * 192], vec![0f32; m * 192]);
+        let (mut yo, mut yg, mut yu, mut yd) =
+            (vec![0f32; m * 576], vec![0f32; m * 1536], vec![0f32; m * 1536], vec![0f32; m * 576]);
+        let t = time_it(budget, || {
+            matmul_multi(&pool, &qkv, &x[..m * 576], m, &mut [&mut yq, &mut yk, &mut yv]);
+            matmul(&pool, &wo, &x[..m * 576], m, &mut yo);
+            matmul_multi(&pool, &gu, &x[..m * 576], m, &mut [&mut yg, &mut yu]);
+            matmul(&pool, &wd, &x, m, &mut yd);
+        });
+        println!(
+            "one layer (fused QKV, gate/up) m={m}: {:.1} us, x{LAYERS} layers = {:.2} ms",
+            t.as_secs_f64() * 1e6,
+            t.as_secs_f64() * 1e3 * LAYERS as f64
+        );
+    }
+}

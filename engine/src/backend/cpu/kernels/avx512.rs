@@ -1,0 +1,246 @@
+//! AVX-512 VNNI kernels for Q4_1 and Q8_0 weights against Q8_1-style activations.
+//!
+//! One zmm register covers two 32-element blocks. Per block pair and weight row the unpacked
+//! weights, and per pair and activation row the activation bytes, are loaded once and reused
+//! across the tile (`R` weight rows × `C` activation rows). Each `vpdpbusd` yields eight i32
+//! partial sums per block; they are converted to f32 and multiplied by the per-lane block scale
+//! `d_w * d_x` (built with one 128-bit multiply and one permute), and Q4_1's `m * s` terms are
+//! added into otherwise unused lanes of the same accumulator (a horizontal sum ends every tile).
+//!
+//! Q8_0 weights are signed, so the activations are offset to unsigned (`x + 128`, an XOR) and
+//! the accumulator starts at `-128 * sum(w)`, computed once per weight block with `vpdpbusd`.
+
+use std::arch::x86_64::*;
+
+use super::scalar::{Q4_1_BYTES, Q8_0_BYTES, QK};
+use crate::dtype::GgmlType;
+
+/// Runs an `nr` × `c` tile; see [`super::scalar::tile`] for the layout.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI, FMA and F16C.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tile(
+    dtype: GgmlType,
+    nr: usize,
+    c: usize,
+    w: &[u8],
+    row_bytes: usize,
+    xq: &[i8],
+    xds: &[f32],
+    cols: usize,
+    out: &mut [f32],
+) {
+    let nb = cols / QK;
+    assert!(cols % QK == 0 && row_bytes == nb * dtype.type_size());
+    assert!(w.len() >= nr * row_bytes && xq.len() >= c * cols && xds.len() >= c * 2 * nb);
+    assert!(out.len() >= nr * c);
+    let (w, xq, xds) = (w.as_ptr(), xq.as_ptr(), xds.as_ptr());
+    macro_rules! go {
+        ($f:ident) => {
+            // SAFETY: the buffers hold `nr` weight rows and `c` activation rows (asserted
+            // above), which is all the kernels read; the features are the caller's promise.
+            unsafe {
+                match (nr, c) {
+                    (4, 4) => $f::<4, 4>(w, row_bytes, xq, xds, cols, out),
+                    (4, 2) => $f::<4, 2>(w, row_bytes, xq, xds, cols, out),
+                    (4, 1) => $f::<4, 1>(w, row_bytes, xq, xds, cols, out),
+                    (1, 4) => $f::<1, 4>(w, row_bytes, xq, xds, cols, out),
+                    (1, 2) => $f::<1, 2>(w, row_bytes, xq, xds, cols, out),
+                    (1, 1) => $f::<1, 1>(w, row_bytes, xq, xds, cols, out),
+                    _ => unreachable!("unsupported tile {nr}x{c}"),
+                }
+            }
+        };
+    }
+    match dtype {
+        GgmlType::Q4_1 => go!(q4_1_tile),
+        GgmlType::Q8_0 => go!(q8_0_tile),
+        other => unreachable!("{other} is not a quantized type"),
+    }
+}
+
+/// Permutation index: lanes 0..8 of the result take lane 0 of the source, lanes 8..16 lane 2.
+macro_rules! pair_scale_index {
+    () => {
+        _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0)
+    };
+}
+
+/// Reads the little-endian u32 at `p`.
+///
+/// # Safety
+/// `p..p + 4` must be readable.
+#[inline(always)]
+unsafe fn read_u32(p: *const u8) -> u32 {
+    // SAFETY: the caller guarantees 4 readable bytes; unaligned reads are allowed.
+    unsafe { (p as *const u32).read_unaligned() }
+}
+
+/// Reads the little-endian u16 at `p`.
+///
+/// # Safety
+/// `p..p + 2` must be readable.
+#[inline(always)]
+unsafe fn read_u16(p: *const u8) -> u16 {
+    // SAFETY: the caller guarantees 2 readable bytes; unaligned reads are allowed.
+    unsafe { (p as *const u16).read_unaligned() }
+}
+
+/// Q4_1 tile: `out[c * R + r]` = weight row `r` · activation row `c`.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, FMA, F16C; `w` holds `R` rows of `rb` bytes (`rb = nb * 20`), `xq` holds
+/// `C` rows of `cols` bytes and `xds` `C` rows of `2 * nb` floats; `out.len() >= R * C`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn q4_1_tile<const R: usize, const C: usize>(
+    w: *const u8,
+    rb: usize,
+    xq: *const i8,
+    xds: *const f32,
+    cols: usize,
+    out: &mut [f32],
+) {
+    let nb = cols / QK;
+    let nibble = _mm512_set1_epi8(0x0F);
+    // 128-bit lanes: [low nibbles of block 0, high nibbles of block 0, same for block 1].
+    let shifts = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    let idx = pair_scale_index!();
+    let zero = _mm512_setzero_si512();
+    let mut acc = [[_mm512_setzero_ps(); R]; C];
+    let mut wv = [zero; R];
+    let mut dm = [_mm_setzero_ps(); R];
+    // One step: blocks `b` and `b + 1`, or only block `b` when `single`.
+    macro_rules! step { ($b:expr, $single:expr) => {{ let (b, single): (usize, bool) = ($b, $single);
+        for r in 0..R {
+            // SAFETY: block `b` (and `b + 1` unless `single`) lies inside row `r`.
+            unsafe {
+                let blk = w.add(r * rb + b * Q4_1_BYTES);
+                let q0 = _mm_loadu_si128(blk.add(4) as *const __m128i);
+                let both = if single {
+                    _mm512_maskz_broadcast_i32x4(0x00FF, q0)
+                } else {
+                    let q1 = _mm_loadu_si128(blk.add(Q4_1_BYTES + 4) as *const __m128i);
+                    _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(q0), 0xFF00, q1)
+                };
+                wv[r] = _mm512_and_si512(_mm512_srlv_epi64(both, shifts), nibble);
+                let dm1 = if single { 0 } else { read_u32(blk.add(Q4_1_BYTES)) };
+                dm[r] = _mm_cvtph_ps(_mm_set_epi32(0, 0, dm1 as i32, read_u32(blk) as i32));
+            }
+        }
+        for (ci, acc_c) in acc.iter_mut().enumerate() {
+            // SAFETY: activation row `ci` holds blocks `b` (and `b + 1` unless `single`);
+            // the single-block loads are masked to that block.
+            let (xv, xs) = unsafe {
+                let xp = xq.add(ci * cols + b * QK);
+                let sp = xds.add(ci * 2 * nb + 2 * b);
+                if single {
+                    (
+                        _mm512_maskz_loadu_epi8(0xFFFF_FFFF, xp),
+                        _mm_castpd_ps(_mm_load_sd(sp as *const f64)),
+                    )
+                } else {
+                    (_mm512_loadu_si512(xp as *const _), _mm_loadu_ps(sp))
+                }
+            };
+            for r in 0..R {
+                let dot = _mm512_dpbusd_epi32(zero, wv[r], xv);
+                let prod = _mm512_castps128_ps512(_mm_mul_ps(dm[r], xs));
+                let scale = _mm512_permutexvar_ps(idx, prod);
+                let a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc_c[r]);
+                // Lanes 1 and 3 of `prod` are m0 * s0 and m1 * s1.
+                acc_c[r] = _mm512_mask_add_ps(a, 0b1010, a, prod);
+            }
+        }
+    }}}
+    let mut b = 0;
+    while b + 2 <= nb {
+        step!(b, false);
+        b += 2;
+    }
+    if b < nb {
+        step!(b, true);
+    }
+    for (ci, acc_c) in acc.iter().enumerate() {
+        for r in 0..R {
+            out[ci * R + r] = _mm512_reduce_add_ps(acc_c[r]);
+        }
+    }
+}
+
+/// Q8_0 tile: `out[c * R + r]` = weight row `r` · activation row `c`.
+///
+/// # Safety
+/// As [`q4_1_tile`], with `rb = nb * 34`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn q8_0_tile<const R: usize, const C: usize>(
+    w: *const u8,
+    rb: usize,
+    xq: *const i8,
+    xds: *const f32,
+    cols: usize,
+    out: &mut [f32],
+) {
+    let nb = cols / QK;
+    let off = _mm512_set1_epi8(-128);
+    let idx = pair_scale_index!();
+    let zero = _mm512_setzero_si512();
+    let mut acc = [[_mm512_setzero_ps(); R]; C];
+    let mut wv = [zero; R];
+    let mut ncorr = [zero; R];
+    let mut dw = [_mm_setzero_ps(); R];
+    macro_rules! step { ($b:expr, $single:expr) => {{ let (b, single): (usize, bool) = ($b, $single);
+        for r in 0..R {
+            // SAFETY: block `b` (and `b + 1` unless `single`) lies inside row `r`.
+            unsafe {
+                let blk = w.add(r * rb + b * Q8_0_BYTES);
+                wv[r] = if single {
+                    _mm512_maskz_loadu_epi8(0xFFFF_FFFF, blk.add(2) as *const i8)
+                } else {
+                    let lo = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                    let hi = _mm256_loadu_si256(blk.add(Q8_0_BYTES + 2) as *const __m256i);
+                    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+                };
+                ncorr[r] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, wv[r]));
+                let d1 = if single { 0 } else { read_u16(blk.add(Q8_0_BYTES)) };
+                // Halves [d0, 0, d1, 0]: lanes 0 and 2 carry the scales, as in Q4_1.
+                dw[r] = _mm_cvtph_ps(_mm_set_epi32(0, 0, d1 as i32, read_u16(blk) as i32));
+            }
+        }
+        for (ci, acc_c) in acc.iter_mut().enumerate() {
+            // SAFETY: as in `q4_1_tile`.
+            let (xv, xs) = unsafe {
+                let xp = xq.add(ci * cols + b * QK);
+                let sp = xds.add(ci * 2 * nb + 2 * b);
+                if single {
+                    (
+                        _mm512_maskz_loadu_epi8(0xFFFF_FFFF, xp),
+                        _mm_castpd_ps(_mm_load_sd(sp as *const f64)),
+                    )
+                } else {
+                    (_mm512_loadu_si512(xp as *const _), _mm_loadu_ps(sp))
+                }
+            };
+            let xu = _mm512_xor_si512(xv, off);
+            for r in 0..R {
+                let dot = _mm512_dpbusd_epi32(ncorr[r], xu, wv[r]);
+                let prod = _mm512_castps128_ps512(_mm_mul_ps(dw[r], xs));
+                let scale = _mm512_permutexvar_ps(idx, prod);
+                acc_c[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc_c[r]);
+            }
+        }
+    }}}
+    let mut b = 0;
+    while b + 2 <= nb {
+        step!(b, false);
+        b += 2;
+    }
+    if b < nb {
+        step!(b, true);
+    }
+    for (ci, acc_c) in acc.iter().enumerate() {
+        for r in 0..R {
+            out[ci * R + r] = _mm512_reduce_add_ps(acc_c[r]);
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! CPU matrix kernels: quantized weights (Q4_1, Q8_0) times f32 activations, plus float weights
+//! (F32, F16, BF16) and the small f32 helpers attention needs.
+//!
+//! # How a quantized matmul runs
+//!
+//! 1. The activations are quantized once per call to 8-bit blocks of 32, as llama.cpp's Q8_1:
+//!    per block a scale `d = amax / 127`, 32 `i8` values, and `s = d * sum(q)` (see [`quant`]).
+//! 2. Each weight block meets each activation block in an integer dot product (AVX-512 VNNI
+//!    `vpdpbusd`, AVX2 `vpmaddubsw` + `vpmaddwd`, or portable scalar code), scaled by
+//!    `d_w * d_x`; Q4_1's offset `m` contributes `m * s`.
+//! 3. Work is split over the [`ThreadPool`] in tasks of (output-row chunk × token chunk). Inside a
+//!    task, tiles of `R` weight rows × `C` activation rows reuse each unpacked weight block for
+//!    several tokens (prefill and batched decode) and keep several accumulators in flight.
+//!
+//! The instruction set is detected once ([`simd_level`]); `SLUICE_SIMD=scalar|avx2|avx512` caps
+//! it, and the `*_with` functions let tests pick a level explicitly (never above the detected
+//! one, so forcing a level can only select a slower path, never an unsupported instruction).
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Mutex;
+
+use super::pool::ThreadPool;
+use crate::dtype::GgmlType;
+use crate::error::{Error, Result};
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod float;
+mod quant;
+mod scalar;
+#[cfg(test)]
+mod tests;
+
+pub use float::{axpy, axpy_with, dot_f32, dot_f32_with};
+use quant::QActs;
+
+/// A weight matrix in its stored (GGUF) layout: `rows` rows of `cols` elements, row-major.
+#[derive(Clone, Copy, Debug)]
+pub struct QMatrix<'a> {
+    pub dtype: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+impl<'a> QMatrix<'a> {
+    /// Checks that cols is a multiple of the block size and data.len() == rows * row_bytes.
+    pub fn new(dtype: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self> {
+        if cols % dtype.block_size() != 0 {
+            return Err(Error::Corrupt(format!(
+                "{dtype} matrix has {cols} columns, not a multiple of its block size {}",
+                dtype.block_size()
+            )));
+        }
+        let row_bytes = cols / dtype.block_size() * dtype.type_size();
+        let expected = rows.checked_mul(row_bytes);
+        if expected != Some(data.len()) {
+            return Err(Error::Corrupt(format!(
+                "{dtype} matrix of {rows} x {cols} needs {} bytes, got {}",
+                expected.map_or_else(|| "too many".to_string(), |n| n.to_string()),
+                data.len()
+            )));
+        }
+        Ok(QMatrix { dtype, rows, cols, data })
+    }
+
+    /// Bytes of one stored row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.dtype.block_size() * self.dtype.type_size()
+    }
+
+    /// The stored bytes of row `r`.
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+
+    fn is_quantized(&self) -> bool {
+        matches!(self.dtype, GgmlType::Q4_1 | GgmlType::Q8_0)
+    }
+}
+
+/// The instruction set the kernels dispatch to, detected once at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimdLevel {
+    /// Portable Rust, no `std::arch`.
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/BW/VL with VNNI (plus FMA and F16C).
+    Avx512,
+}
+
+impl SimdLevel {
+    fn rank(self) -> u8 {
+        match self {
+            SimdLevel::Scalar => 1,
+            SimdLevel::Avx2 => 2,
+            SimdLevel::Avx512 => 3,
+        }
+    }
+
+    fn from_rank(r: u8) -> SimdLevel {
+        match r {
+            3 => SimdLevel::Avx512,
+            2 => SimdLevel::Avx2,
+            _ => SimdLevel::Scalar,
+        }
+    }
+
+    /// `self`, lowered to what this CPU supports.
+    fn clamp(self) -> SimdLevel {
+        let best = simd_level();
+        if self.rank() <= best.rank() {
+            self
+        } else {
+            best
+        }
+    }
+}
+
+static LEVEL: AtomicU8 = AtomicU8::new(0);
+
+/// The best instruction set of this CPU, capped by `SLUICE_SIMD` (read once).
+pub fn simd_level() -> SimdLevel {
+    let r = LEVEL.load(Ordering::Relaxed);
+    if r != 0 {
+        return SimdLevel::from_rank(r);
+    }
+    let level = detect();
+    LEVEL.store(level.rank(), Ordering::Relaxed);
+    level
+}
+
+fn detect() -> SimdLevel {
+    let hw = detect_hw();
+    let cap = match std::env::var("SLUICE_SIMD").ok().as_deref().map(str::trim) {
+        Some("scalar") => SimdLevel::Scalar,
+        Some("avx2") => SimdLevel::Avx2,
+        _ => SimdLevel::Avx512,
+    };
+    if cap.rank() < hw.rank() {
+        cap
+    } else {
+        hw
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_hw() -> SimdLevel {
+    use std::arch::is_x86_feature_detected as has;
+    let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+    if avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+        SimdLevel::Avx512
+    } else if avx2 {
+        SimdLevel::Avx2
+    } else {
+        SimdLevel::Scalar
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect_hw() -> SimdLevel {
+    SimdLevel::Scalar
+}
+
+/// Dequantizes one stored row (any supported dtype) into f32.
+///
+/// `src` holds `dst.len()` elements in `dtype`'s layout (a whole number of blocks).
+pub fn dequantize_row(dtype: GgmlType, src: &[u8], dst: &mut [f32]) {
+    scalar::dequantize_row(dtype, src, dst);
+}
+
+/// y[i * w.rows + r] = sum_k W[r][k] * x[i * w.cols + k], for i in 0..m (x is m rows of w.cols f32).
+///
+/// Reads the first `m * w.cols` elements of `x` and writes the first `m * w.rows` of `y`.
+pub fn matmul(pool: &ThreadPool, w: &QMatrix, x: &[f32], m: usize, y: &mut [f32]) {
+    matmul_multi_with(simd_level(), pool, &[*w], x, m, &mut [y]);
+}
+
+/// [`matmul`] at a chosen instruction set (lowered to what the CPU supports).
+pub fn matmul_with(
+    level: SimdLevel,
+    pool: &ThreadPool,
+    w: &QMatrix,
+    x: &[f32],
+    m: usize,
+    y: &mut [f32],
+) {
+    matmul_multi_with(level, pool, &[*w], x, m, &mut [y]);
+}
+
+/// Several weights with the same input x (e.g. Q, K, V; or gate and up): one activation
+/// quantization, one parallel dispatch. ys[j] gets the result for ws[j], laid out as in `matmul`.
+pub fn matmul_multi(pool: &ThreadPool, ws: &[QMatrix], x: &[f32], m: usize, ys: &mut [&mut [f32]]) {
+    matmul_multi_with(simd_level(), pool, ws, x, m, ys);
+}
+
+/// A raw output pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every task writes a disjoint set of elements (its own rows × tokens), and the
+// dispatching call holds the unique borrow of the buffer until all tasks are done.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// One matrix's share of the task list.
+struct Plan {
+    first_task: usize,
+    row_chunk: usize,
+    row_chunks: usize,
+}
+
+/// Activation rows per parallel quantization task.
+const QUANT_ROWS_PER_TASK: usize = 16;
+
+/// [`matmul_multi`] at a chosen instruction set (lowered to what the CPU supports).
+pub fn matmul_multi_with(
+    level: SimdLevel,
+    pool: &ThreadPool,
+    ws: &[QMatrix],
+    x: &[f32],
+    m: usize,
+    ys: &mut [&mut [f32]],
+) {
+    assert_eq!(ws.len(), ys.len(), "matmul_multi: {} weights but {} outputs", ws.len(), ys.len());
+    if ws.is_empty() || m == 0 {
+        return;
+    }
+    let level = level.clamp();
+    let cols = ws[0].cols;
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        assert_eq!(w.cols, cols, "matmul_multi: all weights must share the input width");
+        assert!(y.len() >= m * w.rows, "matmul: output has {} elements, need {}", y.len(), m * w.rows);
+        debug_assert_eq!(w.data.len(), w.rows * w.row_bytes());
+    }
+    assert!(x.len() >= m * cols, "matmul: input has {} elements, need {}", x.len(), m * cols);
+    let x = &x[..m * cols];
+
+    let mut acts = if ws.iter().any(QMatrix::is_quantized) {
+        let mut a = quant::take_scratch();
+        a.reset(m, cols);
+        quantize_parallel(level, pool, x, &mut a);
+        Some(a)
+    } else {
+        None
+    };
+
+    // Task shape: chunks of output rows × chunks of tokens, enough tasks to balance threads.
+    let tok_chunk = if m <= 8 { m } else { 64 };
+    let tok_chunks = m.div_ceil(tok_chunk);
+    let total_rows: usize = ws.iter().map(|w| w.rows).sum();
+    let want_tasks = 16 * pool.n_threads();
+    let per_task = total_rows * tok_chunks / want_tasks.max(1);
+    let row_chunk = if m > 8 { 16 } else { per_task.clamp(16, 1024).next_multiple_of(4) };
+    let mut plans = Vec::with_capacity(ws.len());
+    let mut n_tasks = 0;
+    for w in ws {
+        let row_chunks = w.rows.div_ceil(row_chunk);
+        plans.push(Plan { first_task: n_tasks, row_chunk, row_chunks });
+        n_tasks += row_chunks * tok_chunks;
+    }
+    let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
+
+    let acts_ref = acts.as_ref();
+    let task = |t: usize| {
+        let j = plans.partition_point(|p| p.first_task <= t) - 1;
+        let (w, plan) = (&ws[j], &plans[j]);
+        let local = t - plan.first_task;
+        let (rc, tc) = (local % plan.row_chunks, local / plan.row_chunks);
+        let rows = rc * plan.row_chunk..((rc + 1) * plan.row_chunk).min(w.rows);
+        let toks = tc * tok_chunk..((tc + 1) * tok_chunk).min(m);
+        match acts_ref {
+            Some(a) if w.is_quantized() => quant_block(level, w, a, rows, toks, outs[j]),
+            _ => float::float_block(level, w, x, rows, toks, outs[j].0),
+        }
+    };
+    pool.run(n_tasks, &task);
+
+    if let Some(a) = acts.take() {
+        quant::put_scratch(a);
+    }
+}
+
+/// Quantizes the activations, in parallel when there are many rows.
+fn quantize_parallel(level: SimdLevel, pool: &ThreadPool, x: &[f32], acts: &mut QActs) {
+    let (m, cols, nb) = (acts.m, acts.cols, acts.nb);
+    if pool.n_threads() == 1 || m * cols < 32 * 1024 {
+        quant::quantize_rows(level, x, &mut acts.qs, &mut acts.ds, cols);
+        return;
+    }
+    let k = QUANT_ROWS_PER_TASK;
+    let parts: Vec<Mutex<(&[f32], &mut [i8], &mut [f32])>> = x
+        .chunks(k * cols)
+        .zip(acts.qs.chunks_mut(k * cols))
+        .zip(acts.ds.chunks_mut(k * 2 * nb))
+        .map(|((x, q), d)| Mutex::new((x, q, d)))
+        .collect();
+    pool.run(parts.len(), &|t| {
+        let mut g = parts[t].lock().unwrap_or_else(|e| e.into_inner());
+        let (x, q, d) = &mut *g;
+        quant::quantize_rows(level, x, q, d, cols);
+    });
+}
+
+/// Weight rows per tile (the main tile; leftovers run one row at a time).
+const TILE_R: usize = 4;
+
+/// Computes the outputs of quantized weight `w` for `rows` × `toks` and stores them at `out`.
+fn quant_block(
+    level: SimdLevel,
+    w: &QMatrix,
+    acts: &QActs,
+    rows: Range<usize>,
+    toks: Range<usize>,
+    out: OutPtr,
+) {
+    let rb = w.row_bytes();
+    let (cols, nb) = (acts.cols, acts.nb);
+    let mut i = toks.start;
+    while i < toks.end {
+        let c = match toks.end - i {
+            n if n >= 4 => 4,
+            n if n >= 2 => 2,
+            _ => 1,
+        };
+        let xq = &acts.qs[i * cols..(i + c) * cols];
+        let xds = &acts.ds[i * 2 * nb..(i + c) * 2 * nb];
+        let mut r = rows.start;
+        while r < rows.end {
+            let nr = if rows.end - r >= TILE_R { TILE_R } else { 1 };
+            let wd = &w.data[r * rb..(r + nr) * rb];
+            let mut tile = [0f32; TILE_R * 4];
+            let res = &mut tile[..nr * c];
+            tile_dispatch(level, w.dtype, nr, c, wd, rb, xq, xds, cols, res);
+            for ci in 0..c {
+                for ri in 0..nr {
+                    let idx = (i + ci) * w.rows + r + ri;
+                    // SAFETY: `idx < m * w.rows <= y.len()` (checked by the caller), and this
+                    // (token, row) pair belongs to this task only; see `OutPtr`.
+                    unsafe { *out.0.add(idx) = res[ci * nr + ri] };
+                }
+            }
+            r += nr;
+        }
+        i += c;
+    }
+}
+
+/// Runs one `nr` × `c` tile (`out[ci * nr + ri]`) at `level`.
+#[allow(clippy::too_many_arguments)]
+fn tile_dispatch(
+    level: SimdLevel,
+    dtype: GgmlType,
+    nr: usize,
+    c: usize,
+    w: &[u8],
+    row_bytes: usize,
+    xq: &[i8],
+    xds: &[f32],
+    cols: usize,
+    out: &mut [f32],
+) {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 => {
+            // SAFETY: `level` was clamped to the detected level, so the CPU has AVX-512
+            // F/BW/VL/VNNI, FMA and F16C.
+            unsafe { avx512::tile(dtype, nr, c, w, row_bytes, xq, xds, cols, out) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => {
+            // SAFETY: `level` was clamped to the detected level, so the CPU has AVX2, FMA, F16C.
+            unsafe { avx2::tile(dtype, nr, c, w, row_bytes, xq, xds, cols, out) }
+        }
+        _ => scalar::tile(dtype, nr, c, w, row_bytes, xq, xds, cols, out),
+    }
+}

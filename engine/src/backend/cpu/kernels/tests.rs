@@ -1,0 +1,304 @@
+//! Kernel tests: every level against a dequantized f32 reference and against the portable path.
+
+use half::{bf16, f16};
+
+use super::*;
+
+/// SplitMix64: small, deterministic, good enough for test data.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [lo, hi).
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+    fn byte(&mut self) -> u8 {
+        (self.next_u64() >> 56) as u8
+    }
+}
+
+const ALL_LEVELS: [SimdLevel; 3] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512];
+
+/// The levels this CPU really runs (others would be clamped to one of these).
+fn levels() -> Vec<SimdLevel> {
+    ALL_LEVELS.into_iter().filter(|l| l.clamp() == *l).collect()
+}
+
+fn random_matrix(rng: &mut Rng, dtype: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let nblocks = rows * cols / dtype.block_size();
+    let mut data = Vec::with_capacity(nblocks * dtype.type_size());
+    for _ in 0..nblocks {
+        match dtype {
+            GgmlType::Q4_1 => {
+                data.extend(f16::from_f32(rng.uniform(0.002, 0.02)).to_le_bytes());
+                data.extend(f16::from_f32(rng.uniform(-0.15, 0.0)).to_le_bytes());
+                data.extend((0..16).map(|_| rng.byte()));
+            }
+            GgmlType::Q8_0 => {
+                data.extend(f16::from_f32(rng.uniform(0.0005, 0.003)).to_le_bytes());
+                // The full i8 range, -128 included (ggml never writes it, but files may).
+                data.extend((0..32).map(|_| rng.byte()));
+            }
+            GgmlType::F32 => data.extend(rng.uniform(-0.2, 0.2).to_le_bytes()),
+            GgmlType::F16 => data.extend(f16::from_f32(rng.uniform(-0.2, 0.2)).to_le_bytes()),
+            GgmlType::BF16 => data.extend(bf16::from_f32(rng.uniform(-0.2, 0.2)).to_le_bytes()),
+        }
+    }
+    data
+}
+
+fn random_acts(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect()
+}
+
+/// f64 reference from dequantized rows.
+fn reference(w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
+    let mut row = vec![0f32; w.cols];
+    let mut y = vec![0f32; m * w.rows];
+    for r in 0..w.rows {
+        dequantize_row(w.dtype, w.row(r), &mut row);
+        for i in 0..m {
+            let xi = &x[i * w.cols..(i + 1) * w.cols];
+            y[i * w.rows + r] = row.iter().zip(xi).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32;
+        }
+    }
+    y
+}
+
+fn rms(v: &[f32]) -> f32 {
+    (v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>() / v.len().max(1) as f64).sqrt() as f32
+}
+
+/// ||a - b|| / ||b||.
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let d: Vec<f32> = a.iter().zip(b).map(|(x, y)| x - y).collect();
+    rms(&d) / rms(b)
+}
+
+/// Every element within `tol` of `b`, relative to the larger of |b| and b's RMS.
+fn assert_close(a: &[f32], b: &[f32], tol: f32, what: &str) {
+    assert_eq!(a.len(), b.len());
+    let scale = rms(b);
+    for (k, (x, y)) in a.iter().zip(b).enumerate() {
+        let lim = tol * y.abs().max(scale);
+        assert!((x - y).abs() <= lim, "{what}: element {k}: {x} vs {y} (limit {lim})");
+    }
+}
+
+fn run_matmul(level: SimdLevel, threads: usize, w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
+    let pool = ThreadPool::new(threads);
+    // Poison the output so unwritten elements show up.
+    let mut y = vec![f32::NAN; m * w.rows];
+    matmul_with(level, &pool, w, x, m, &mut y);
+    y
+}
+
+#[test]
+fn quantized_matmul_matches_reference_and_scalar() {
+    let mut rng = Rng(1);
+    for dtype in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        for &(rows, cols) in &[(37, 64), (70, 96), (5, 32), (64, 576), (19, 1536)] {
+            let data = random_matrix(&mut rng, dtype, rows, cols);
+            let w = QMatrix::new(dtype, rows, cols, &data).expect("valid matrix");
+            for m in [1, 3, 8, 33] {
+                let x = random_acts(&mut rng, m * cols);
+                let want = reference(&w, &x, m);
+                let scalar = run_matmul(SimdLevel::Scalar, 1, &w, &x, m);
+                let err = rel_err(&scalar, &want);
+                assert!(err < 1.5e-2, "{dtype} {rows}x{cols} m={m}: scalar rel err {err}");
+                for level in levels() {
+                    for threads in [1, 2] {
+                        let got = run_matmul(level, threads, &w, &x, m);
+                        let what = format!("{dtype} {rows}x{cols} m={m} {level:?} t={threads}");
+                        assert_close(&got, &scalar, 1e-4, &what);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quantization_is_identical_across_levels() {
+    let mut rng = Rng(2);
+    let cols = 96;
+    let mut x = random_acts(&mut rng, 5 * cols);
+    // An all-zero block, a block with exact ties, and a large-magnitude block.
+    x[32..64].fill(0.0);
+    for (k, v) in x[64..96].iter_mut().enumerate() {
+        *v = (k as f32 - 16.0) * 0.5;
+    }
+    x[96..128].iter_mut().for_each(|v| *v *= 1e4);
+    let nb = x.len() / 32;
+    let (mut q0, mut d0) = (vec![0i8; x.len()], vec![0f32; 2 * nb]);
+    quant::quantize_scalar(&x, &mut q0, &mut d0);
+    assert!(q0[32..64].iter().all(|&q| q == 0) && d0[2] == 0.0);
+    assert!(q0.iter().any(|&q| q == 127 || q == -127));
+    for level in levels() {
+        let (mut q, mut d) = (vec![0i8; x.len()], vec![0f32; 2 * nb]);
+        quant::quantize_rows(level, &x, &mut q, &mut d, cols);
+        assert_eq!(q, q0, "{level:?} values");
+        assert_eq!(d, d0, "{level:?} scales");
+    }
+    // The quantized values reconstruct the input to within half a step.
+    for b in 0..nb {
+        for k in 0..32 {
+            let v = x[32 * b + k];
+            let back = d0[2 * b] * q0[32 * b + k] as f32;
+            assert!((v - back).abs() <= 0.5001 * d0[2 * b] + 1e-6, "block {b} elem {k}: {v} vs {back}");
+        }
+        let s: i32 = q0[32 * b..32 * (b + 1)].iter().map(|&q| q as i32).sum();
+        assert_eq!(d0[2 * b + 1], d0[2 * b] * s as f32);
+    }
+}
+
+#[test]
+fn matmul_multi_equals_separate_matmuls() {
+    let mut rng = Rng(3);
+    let cols = 128;
+    let shapes = [(GgmlType::Q4_1, 45), (GgmlType::Q8_0, 17), (GgmlType::F16, 9), (GgmlType::Q4_1, 64)];
+    let datas: Vec<Vec<u8>> = shapes.iter().map(|&(t, r)| random_matrix(&mut rng, t, r, cols)).collect();
+    let ws: Vec<QMatrix> = shapes
+        .iter()
+        .zip(&datas)
+        .map(|(&(t, r), d)| QMatrix::new(t, r, cols, d).expect("valid matrix"))
+        .collect();
+    let pool = ThreadPool::new(2);
+    for m in [1, 3, 8, 33] {
+        let x = random_acts(&mut rng, m * cols);
+        for level in levels() {
+            let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; m * w.rows]).collect();
+            let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+            matmul_multi_with(level, &pool, &ws, &x, m, &mut refs);
+            for (w, got) in ws.iter().zip(&outs) {
+                let mut want = vec![f32::NAN; m * w.rows];
+                matmul_with(level, &pool, w, &x, m, &mut want);
+                assert_eq!(got, &want, "{} rows={} m={m} {level:?}", w.dtype, w.rows);
+            }
+        }
+    }
+}
+
+#[test]
+fn float_weights_match_reference() {
+    let mut rng = Rng(4);
+    for dtype in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        for &(rows, cols) in &[(13, 40), (33, 17), (8, 576)] {
+            let data = random_matrix(&mut rng, dtype, rows, cols);
+            let w = QMatrix::new(dtype, rows, cols, &data).expect("valid matrix");
+            for m in [1, 3, 8] {
+                let x = random_acts(&mut rng, m * cols);
+                let want = reference(&w, &x, m);
+                for level in levels() {
+                    for threads in [1, 2] {
+                        let got = run_matmul(level, threads, &w, &x, m);
+                        assert_close(&got, &want, 1e-5, &format!("{dtype} {rows}x{cols} m={m} {level:?}"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dequantize_hand_written_blocks() {
+    // Q4_1: d = 0.5, m = -1; qs[j] = j | (15 - j) << 4.
+    let mut blk = Vec::new();
+    blk.extend(f16::from_f32(0.5).to_le_bytes());
+    blk.extend(f16::from_f32(-1.0).to_le_bytes());
+    blk.extend((0..16u8).map(|j| j | (15 - j) << 4));
+    let mut out = [0f32; 32];
+    dequantize_row(GgmlType::Q4_1, &blk, &mut out);
+    for j in 0..16 {
+        assert_eq!(out[j], 0.5 * j as f32 - 1.0);
+        assert_eq!(out[j + 16], 0.5 * (15 - j) as f32 - 1.0);
+    }
+    // Q8_0: d = 0.25, qs = -128, -120, ..., 120.
+    let mut blk = Vec::new();
+    blk.extend(f16::from_f32(0.25).to_le_bytes());
+    blk.extend((0..32).map(|j| (j * 8 - 128) as i8 as u8));
+    let qs: Vec<i8> = blk[2..].iter().map(|&b| b as i8).collect();
+    dequantize_row(GgmlType::Q8_0, &blk, &mut out);
+    for j in 0..32 {
+        assert_eq!(out[j], 0.25 * qs[j] as f32);
+    }
+    assert!(qs[0] == -128 && qs[31] == 120);
+    // Floats.
+    let vals = [1.5f32, -2.25, 0.0, 1024.0];
+    let f32s: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let f16s: Vec<u8> = vals.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect();
+    let bf16s: Vec<u8> = vals.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect();
+    for (t, bytes) in [(GgmlType::F32, f32s), (GgmlType::F16, f16s), (GgmlType::BF16, bf16s)] {
+        let mut o = [0f32; 4];
+        dequantize_row(t, &bytes, &mut o);
+        assert_eq!(o, vals, "{t}");
+    }
+}
+
+#[test]
+fn dot_and_axpy_any_length() {
+    let mut rng = Rng(5);
+    for n in (0..70).chain([127, 576, 1000]) {
+        let a = random_acts(&mut rng, n);
+        let b = random_acts(&mut rng, n);
+        let want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+        let alpha = rng.uniform(-2.0, 2.0);
+        let axpy_want: Vec<f32> = a.iter().zip(&b).map(|(&x, &y)| y + alpha * x).collect();
+        for level in levels() {
+            let got = dot_f32_with(level, &a, &b);
+            assert!((got as f64 - want).abs() <= 1e-5 * (1.0 + n as f64), "n={n} {level:?}: {got} vs {want}");
+            let mut y = b.clone();
+            axpy_with(level, alpha, &a, &mut y);
+            assert_close(&y, &axpy_want, 1e-6, &format!("axpy n={n} {level:?}"));
+        }
+    }
+    assert_eq!(dot_f32(&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]), 32.0);
+    let mut y = [1.0f32; 17];
+    axpy(2.0, &[3.0; 17], &mut y);
+    assert_eq!(y, [7.0; 17]);
+}
+
+#[test]
+fn qmatrix_validates_shape() {
+    let data = vec![0u8; 3 * 2 * 20];
+    assert!(QMatrix::new(GgmlType::Q4_1, 3, 64, &data).is_ok());
+    assert!(QMatrix::new(GgmlType::Q4_1, 3, 48, &data).is_err(), "cols not a multiple of 32");
+    assert!(QMatrix::new(GgmlType::Q4_1, 4, 64, &data).is_err(), "too few bytes");
+    assert!(QMatrix::new(GgmlType::Q4_1, 2, 64, &data).is_err(), "too many bytes");
+    let w = QMatrix::new(GgmlType::Q4_1, 3, 64, &data).expect("valid");
+    assert_eq!(w.row_bytes(), 40);
+    assert_eq!(w.row(2).len(), 40);
+    assert!(QMatrix::new(GgmlType::F16, 3, 7, &data[..42]).is_ok());
+}
+
+#[test]
+fn forced_levels_never_exceed_the_cpu() {
+    for level in ALL_LEVELS {
+        assert!(level.clamp().rank() <= simd_level().rank());
+    }
+    assert_eq!(SimdLevel::Scalar.clamp(), SimdLevel::Scalar);
+}
+
+/// Prefill-sized product, enough rows for many tiles and tasks with 2 threads.
+#[test]
+fn large_batch_matches_scalar() {
+    let mut rng = Rng(6);
+    let (rows, cols, m) = (96, 576, 130);
+    for dtype in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        let data = random_matrix(&mut rng, dtype, rows, cols);
+        let w = QMatrix::new(dtype, rows, cols, &data).expect("valid matrix");
+        let x = random_acts(&mut rng, m * cols);
+        let scalar = run_matmul(SimdLevel::Scalar, 1, &w, &x, m);
+        assert!(rel_err(&scalar, &reference(&w, &x, m)) < 1.5e-2);
+        let best = run_matmul(simd_level(), 2, &w, &x, m);
+        assert_close(&best, &scalar, 1e-4, &format!("{dtype} m={m}"));
+    }
+}

@@ -1,0 +1,126 @@
+//! Where the engine's arithmetic runs.
+//!
+//! The model is written against [`Backend`]: it owns the weights, the activation buffers and
+//! the KV store, so a device backend keeps them all in device memory. [`cpu::CpuBackend`]
+//! implements it with the kernels in [`cpu::kernels`]. The CUDA backend plugs in behind the
+//! same trait (its own issue); a binary built without it answers `--device cuda` with
+//! [`Error::BackendNotCompiled`](crate::Error::BackendNotCompiled).
+
+pub mod cpu;
+
+use std::sync::Arc;
+
+use crate::dtype::GgmlType;
+use crate::error::{Error, Result};
+use crate::kv::{KvSpec, SeqRows};
+use crate::model::gguf::{GgufFile, TensorInfo};
+
+/// A tensor in a GGUF file, to be turned into a backend weight.
+#[derive(Clone, Debug)]
+pub struct WeightSource {
+    pub gguf: Arc<GgufFile>,
+    pub info: TensorInfo,
+}
+
+impl WeightSource {
+    /// Rows and row length of the tensor seen as a matrix (a vector is one row).
+    pub fn rows_cols(&self) -> (usize, usize) {
+        let cols = self.info.shape[0] as usize;
+        (self.info.n_elements() as usize / cols.max(1), cols)
+    }
+
+    pub fn dtype(&self) -> GgmlType {
+        self.info.dtype
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.gguf.tensor_bytes(&self.info)
+    }
+}
+
+/// The attention geometry a backend needs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// The operations of a Llama forward pass.
+///
+/// Buffers hold `rows` rows of a known width; every operation is told how many rows are live.
+pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
+    /// A weight tensor resident on the device.
+    type Weight: Send + Sync;
+    /// An activation buffer on the device.
+    type Buf: Send;
+    /// The KV store on the device (all layers this model part owns).
+    type Kv: Send;
+
+    fn name(&self) -> &'static str;
+
+    fn weight(&self, src: &WeightSource) -> Result<Self::Weight>;
+    /// A zeroed buffer of `len` f32.
+    fn alloc(&self, len: usize) -> Self::Buf;
+    fn alloc_kv(&self, spec: KvSpec) -> Result<Self::Kv>;
+    fn upload(&self, data: &[f32], dst: &mut Self::Buf);
+    fn download(&self, src: &Self::Buf, len: usize) -> Vec<f32>;
+
+    /// `out[i] = table[ids[i]]` (rows of width `table`'s columns).
+    fn embed(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Buf) -> Result<()>;
+    /// Row-wise RMS norm of `rows` rows of `x`, times `weight`.
+    fn rms_norm(&self, x: &Self::Buf, weight: &Self::Weight, eps: f32, rows: usize, out: &mut Self::Buf);
+    /// `outs[j] = x · ws[j]ᵀ` for `rows` rows; weights sharing one input run together.
+    fn matmul(&self, ws: &[&Self::Weight], x: &Self::Buf, rows: usize, outs: &mut [&mut Self::Buf]);
+    /// Rotary embedding (adjacent pairs) on rows of `n_heads` heads, row `i` at `positions[i]`.
+    fn rope(&self, x: &mut Self::Buf, positions: &[u32], n_heads: usize, head_dim: usize, rope_dims: usize, base: f32);
+    /// Stores this batch's keys and values into `layer` of the KV store, then computes causal
+    /// attention of `q` over each sequence's cached keys and values into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        shape: AttnShape,
+        seqs: &[SeqRows<'_>],
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        out: &mut Self::Buf,
+    );
+    /// `gate = silu(gate) * up` over `len` elements.
+    fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize);
+    /// `x += y` over `len` elements.
+    fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
+    /// Copies rows `rows` (each `width` wide) of `x` into consecutive rows of `out`.
+    fn gather_rows(&self, x: &Self::Buf, rows: &[usize], width: usize, out: &mut Self::Buf);
+}
+
+/// The device a user asked for on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda),
+            other => Err(format!("unknown device {other:?} (expected cpu or cuda)")),
+        }
+    }
+}
+
+impl Device {
+    /// Fails with a clear error for a device this binary cannot drive.
+    pub fn check_available(self) -> Result<()> {
+        match self {
+            Self::Cpu => Ok(()),
+            Self::Cuda => Err(Error::BackendNotCompiled("cuda")),
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! `sluice-engine bench`: prefill and batched-decode throughput, measured like llama-bench
+//! (pp512: one 512-token prompt; tg128: 128 tokens generated from an empty context).
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::generate::{argmax, Rng};
+use crate::kv::{BlockPool, BlockTable, SeqRows};
+use crate::model::Llama;
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    pub prefill_tokens: usize,
+    pub decode_tokens: usize,
+    pub decode_batches: Vec<usize>,
+    /// Repetitions of each measurement; the median is reported.
+    pub repetitions: usize,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        Self { prefill_tokens: 512, decode_tokens: 128, decode_batches: vec![1, 4, 8], repetitions: 3 }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DecodeResult {
+    pub batch: usize,
+    /// Tokens per second over the whole batch.
+    pub tok_s: f64,
+    /// Tokens per second seen by one sequence.
+    pub per_seq_tok_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    pub backend: &'static str,
+    pub prefill_tokens: usize,
+    pub prefill_tok_s: f64,
+    pub decode_tokens: usize,
+    pub decode: Vec<DecodeResult>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Pseudo-random token ids, as llama-bench uses: no cache can make them cheap.
+fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|_| (rng.next_u64() % vocab as u64) as u32).collect()
+}
+
+pub fn run<B: Backend>(model: &Llama<B>, cfg: &BenchConfig) -> Result<BenchReport> {
+    let vocab = model.config().vocab_size;
+    let mut rng = Rng::new(0x5eed);
+    let reps = cfg.repetitions.max(1);
+
+    let mut prefill = Vec::new();
+    for _ in 0..reps {
+        let ids = random_tokens(&mut rng, cfg.prefill_tokens, vocab);
+        let mut pool = BlockPool::new(ids.len().div_ceil(crate::kv::BLOCK_SIZE));
+        let mut table = BlockTable::new();
+        table.reserve(&mut pool, ids.len())?;
+        let mut state = model.new_state(pool.n_blocks())?;
+        let seq = SeqRows { start: 0, len: ids.len(), pos: 0, blocks: table.blocks() };
+        let t = Instant::now();
+        model.forward(&mut state, &ids, &[seq], &[ids.len() - 1])?;
+        prefill.push(ids.len() as f64 / t.elapsed().as_secs_f64());
+    }
+
+    let mut decode = Vec::new();
+    for &batch in &cfg.decode_batches {
+        let mut runs = Vec::new();
+        for _ in 0..reps {
+            runs.push(decode_run(model, batch, cfg.decode_tokens, &mut rng)?);
+        }
+        let tok_s = median(runs);
+        decode.push(DecodeResult { batch, tok_s, per_seq_tok_s: tok_s / batch as f64 });
+    }
+    Ok(BenchReport {
+        backend: model.backend().name(),
+        prefill_tokens: cfg.prefill_tokens,
+        prefill_tok_s: median(prefill),
+        decode_tokens: cfg.decode_tokens,
+        decode,
+    })
+}
+
+/// `batch` sequences each decode `steps` tokens, one row per sequence per forward pass.
+fn decode_run<B: Backend>(model: &Llama<B>, batch: usize, steps: usize, rng: &mut Rng) -> Result<f64> {
+    let vocab = model.config().vocab_size;
+    let per_seq = (steps + 1).div_ceil(crate::kv::BLOCK_SIZE);
+    let mut pool = BlockPool::new(per_seq * batch);
+    let mut tables = Vec::with_capacity(batch);
+    for _ in 0..batch {
+        let mut t = BlockTable::new();
+        t.reserve(&mut pool, steps + 1)?;
+        tables.push(t);
+    }
+    let mut state = model.new_state(pool.n_blocks())?;
+    let mut ids = random_tokens(rng, batch, vocab);
+    let emit: Vec<usize> = (0..batch).collect();
+    let t = Instant::now();
+    for pos in 0..steps {
+        let seqs: Vec<SeqRows<'_>> = tables
+            .iter()
+            .enumerate()
+            .map(|(i, t)| SeqRows { start: i, len: 1, pos, blocks: t.blocks() })
+            .collect();
+        let logits = model.forward(&mut state, &ids, &seqs, &emit)?;
+        for (id, l) in ids.iter_mut().zip(logits.chunks_exact(vocab)) {
+            *id = argmax(l);
+        }
+    }
+    Ok((batch * steps) as f64 / t.elapsed().as_secs_f64())
+}

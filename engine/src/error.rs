@@ -1,0 +1,52 @@
+//! The engine's one error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong inside the engine library.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("model file {path} not found; run `scripts/fetch-model.sh` (or `make fetch-model`) to download it")]
+    ModelNotFound { path: PathBuf },
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("not a GGUF file: bad magic {0:02x?} (expected \"GGUF\")")]
+    BadMagic([u8; 4]),
+    #[error("unsupported GGUF version {0} (supported: 2 and 3)")]
+    UnsupportedVersion(u32),
+    #[error("GGUF file is truncated: {0}")]
+    Truncated(String),
+    #[error("GGUF file is corrupt: {0}")]
+    Corrupt(String),
+    #[error("unsupported tensor type id {0} (supported: F32, F16, BF16, Q4_1, Q8_0)")]
+    UnsupportedTensorType(u32),
+    #[error("unsupported model architecture {0:?} (supported: \"llama\")")]
+    UnsupportedArchitecture(String),
+    #[error("missing GGUF metadata key {0:?}")]
+    MissingMetadata(String),
+    #[error("GGUF metadata key {key:?} has the wrong type: expected {expected}")]
+    MetadataType { key: String, expected: &'static str },
+    #[error("missing tensor {0:?}")]
+    MissingTensor(String),
+    #[error("tensor {name:?} has shape {actual:?}, expected {expected:?}")]
+    TensorShape {
+        name: String,
+        actual: Vec<u64>,
+        expected: Vec<u64>,
+    },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("KV cache is out of blocks: need {needed}, {free} free")]
+    OutOfKvBlocks { needed: usize, free: usize },
+    #[error("the {0} backend is not compiled into this binary (rebuild with `--features {0}`)")]
+    BackendNotCompiled(&'static str),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,227 @@
+//! `sluice-engine`: the bundled inference engine's command line.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use serde_json::json;
+use sluice_engine::backend::cpu::CpuBackend;
+use sluice_engine::backend::Device;
+use sluice_engine::bench::{self, BenchConfig};
+use sluice_engine::generate::{self, tokens_per_sec, GenerateParams, SamplingParams};
+use sluice_engine::model::chat::{ChatMessage, ChatTemplate};
+use sluice_engine::model::gguf::GgufFile;
+use sluice_engine::model::tokenizer::Tokenizer;
+use sluice_engine::model::{default_model_path, Llama, ModelPart};
+
+#[derive(Parser, Debug)]
+#[command(name = "sluice-engine", version, about = "Sluice's bundled inference engine")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Tokenize text with the model's own tokenizer (special tokens parsed, no BOS).
+    Tokenize {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[arg(long)]
+        text: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Generate a completion for a prompt.
+    Generate(GenerateArgs),
+    /// Run a token sequence once (teacher forcing) and describe each next-token distribution.
+    Score {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Comma-separated token ids.
+        #[arg(long, value_delimiter = ',', required = true)]
+        tokens: Vec<u32>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure prefill and batched-decode throughput.
+    Bench {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[arg(long, default_value_t = 512)]
+        prefill_tokens: usize,
+        #[arg(long, default_value_t = 128)]
+        decode_tokens: usize,
+        #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+        batches: Vec<usize>,
+        #[arg(long, default_value_t = 3)]
+        repetitions: usize,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+struct ModelArgs {
+    /// The GGUF model file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// cpu, or cuda (needs a binary built with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
+}
+
+#[derive(Args, Debug)]
+struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long)]
+    prompt: String,
+    /// Wrap the prompt as one user message through the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// A string that ends generation (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+struct Loaded {
+    gguf: Arc<GgufFile>,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl ModelArgs {
+    fn open(&self) -> Result<Loaded> {
+        self.device.check_available()?;
+        let path = self.model.clone().unwrap_or_else(default_model_path);
+        let gguf = Arc::new(GgufFile::open(&path)?);
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).context("building the tokenizer")?);
+        Ok(Loaded { gguf, tokenizer })
+    }
+
+    fn threads(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    fn load(&self) -> Result<(Loaded, Llama<CpuBackend>)> {
+        let loaded = self.open()?;
+        let backend = Arc::new(CpuBackend::new(self.threads()));
+        let n_layers = sluice_engine::model::LlamaConfig::from_gguf(&loaded.gguf)?.n_layers;
+        let model = Llama::load(loaded.gguf.clone(), backend, ModelPart::full(n_layers))?;
+        Ok((loaded, model))
+    }
+}
+
+fn main() {
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("sluice-engine: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Tokenize { model, text, json } => {
+            let loaded = model.open()?;
+            let tokens = loaded.tokenizer.encode(&text, true)?;
+            if json {
+                println!("{}", json!({ "tokens": tokens }));
+            } else {
+                println!("{tokens:?}");
+            }
+        }
+        Command::Generate(args) => generate_cmd(args)?,
+        Command::Score { model, tokens, json } => {
+            let (_, llama) = model.load()?;
+            let scores = generate::score(&llama, &tokens)?;
+            if json {
+                println!("{}", serde_json::to_string(&scores)?);
+            } else {
+                for (i, p) in scores.positions.iter().enumerate() {
+                    println!("{i:>5} argmax {:>6} logprob(next) {:?}", p.argmax, p.next_logprob);
+                }
+                println!("perplexity {:?}", scores.perplexity);
+            }
+        }
+        Command::Bench { model, prefill_tokens, decode_tokens, batches, repetitions, json } => {
+            let (_, llama) = model.load()?;
+            let cfg = BenchConfig { prefill_tokens, decode_tokens, decode_batches: batches, repetitions };
+            let report = bench::run(&llama, &cfg)?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!("threads {}  prefill pp{}: {:.1} tok/s", model.threads(), prefill_tokens, report.prefill_tok_s);
+                for d in &report.decode {
+                    println!("decode tg{} batch {}: {:.1} tok/s ({:.1} per sequence)", decode_tokens, d.batch, d.tok_s, d.per_seq_tok_s);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn generate_cmd(args: GenerateArgs) -> Result<()> {
+    let (loaded, llama) = args.model.load()?;
+    let text = if args.chat {
+        let template = ChatTemplate::from_gguf(&loaded.gguf)?;
+        template.render(&[ChatMessage { role: "user".into(), content: args.prompt.clone() }], true)?
+    } else {
+        args.prompt.clone()
+    };
+    let prompt_tokens = loaded.tokenizer.encode(&text, true)?;
+    let params = GenerateParams {
+        max_tokens: args.max_tokens,
+        sampling: SamplingParams { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, seed: args.seed },
+        stop: args.stop.clone(),
+    };
+    let stream = !args.json;
+    let out = generate::generate(&llama, &loaded.tokenizer, &prompt_tokens, &params, |piece| {
+        if stream {
+            use std::io::Write;
+            print!("{piece}");
+            let _ = std::io::stdout().flush();
+        }
+    })?;
+    let prefill_tok_s = tokens_per_sec(prompt_tokens.len(), out.prefill_time);
+    // The first token comes from the prefill; each later one from a decode step.
+    let decode_tok_s = tokens_per_sec(out.tokens.len().saturating_sub(1), out.decode_time);
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "prompt_tokens": prompt_tokens,
+                "tokens": out.tokens,
+                "text": out.text,
+                "finish_reason": out.finish.as_str(),
+                "prefill_tok_s": prefill_tok_s,
+                "decode_tok_s": decode_tok_s,
+            })
+        );
+    } else {
+        println!();
+        eprintln!(
+            "[{} prompt tokens at {prefill_tok_s:.1} tok/s, {} generated at {decode_tok_s:.1} tok/s, finish: {}]",
+            prompt_tokens.len(),
+            out.tokens.len(),
+            out.finish.as_str()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,251 @@
+//! The Llama forward pass, written once against [`Backend`].
+//!
+//! A [`Llama`] holds one [`ModelPart`]: a range of blocks, plus the token embeddings if it is
+//! the first part and the final norm and output head if it is the last. The whole model is
+//! the part with everything; a pipeline rank holds a slice.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::config::LlamaConfig;
+use super::gguf::GgufFile;
+use crate::backend::{AttnShape, Backend, WeightSource};
+use crate::error::{Error, Result};
+use crate::kv::{KvSpec, SeqRows};
+
+/// Which parts of the model one instance holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelPart {
+    pub layers: Range<usize>,
+    pub embed: bool,
+    pub head: bool,
+}
+
+impl ModelPart {
+    pub fn full(n_layers: usize) -> Self {
+        Self { layers: 0..n_layers, embed: true, head: true }
+    }
+}
+
+struct Block<W> {
+    attn_norm: W,
+    wq: W,
+    wk: W,
+    wv: W,
+    wo: W,
+    ffn_norm: W,
+    w_gate: W,
+    w_up: W,
+    w_down: W,
+}
+
+struct Head<W> {
+    norm: W,
+    output: W,
+}
+
+/// Activation buffers for up to `rows` rows, grown on demand.
+struct Scratch<B: Backend> {
+    rows: usize,
+    xn: B::Buf,
+    q: B::Buf,
+    k: B::Buf,
+    v: B::Buf,
+    att: B::Buf,
+    proj: B::Buf,
+    gate: B::Buf,
+    up: B::Buf,
+}
+
+/// What a forward pass keeps between calls: the KV store and scratch buffers.
+pub struct ForwardState<B: Backend> {
+    kv: B::Kv,
+    kv_spec: KvSpec,
+    scratch: Option<Scratch<B>>,
+}
+
+impl<B: Backend> std::fmt::Debug for ForwardState<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForwardState").field("kv", &self.kv_spec).finish()
+    }
+}
+
+impl<B: Backend> ForwardState<B> {
+    pub fn kv_spec(&self) -> KvSpec {
+        self.kv_spec
+    }
+}
+
+/// A Llama model part on a backend.
+pub struct Llama<B: Backend> {
+    cfg: LlamaConfig,
+    part: ModelPart,
+    backend: Arc<B>,
+    embed: Option<B::Weight>,
+    blocks: Vec<Block<B::Weight>>,
+    head: Option<Head<B::Weight>>,
+    weight_bytes: u64,
+}
+
+impl<B: Backend> std::fmt::Debug for Llama<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Llama").field("cfg", &self.cfg).field("part", &self.part).finish()
+    }
+}
+
+impl<B: Backend> Llama<B> {
+    /// Loads `part` of the model in `gguf` onto `backend`, checking every tensor's shape.
+    pub fn load(gguf: Arc<GgufFile>, backend: Arc<B>, part: ModelPart) -> Result<Self> {
+        let cfg = LlamaConfig::from_gguf(&gguf)?;
+        if part.layers.end > cfg.n_layers || part.layers.start > part.layers.end {
+            return Err(Error::InvalidRequest(format!(
+                "layer range {:?} is outside the model's {} blocks",
+                part.layers, cfg.n_layers
+            )));
+        }
+        let mut weight_bytes = 0u64;
+        let mut counted = std::collections::HashSet::new();
+        let mut load = |name: &str, shape: &[usize]| -> Result<B::Weight> {
+            let info = gguf.tensor_info(name)?.clone();
+            let expected: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+            if info.shape != expected {
+                return Err(Error::TensorShape { name: name.to_owned(), actual: info.shape, expected });
+            }
+            if counted.insert(name.to_owned()) {
+                weight_bytes += info.n_bytes; // a tied tensor is mapped once
+            }
+            backend.weight(&WeightSource { gguf: gguf.clone(), info })
+        };
+        let (d, kv, ff) = (cfg.d_model, cfg.kv_dim(), cfg.ffn_dim);
+        let embed = if part.embed { Some(load("token_embd.weight", &[d, cfg.vocab_size])?) } else { None };
+        let mut blocks = Vec::with_capacity(part.layers.len());
+        for i in part.layers.clone() {
+            let mut t = |n: &str, shape: &[usize]| load(&format!("blk.{i}.{n}.weight"), shape);
+            blocks.push(Block {
+                attn_norm: t("attn_norm", &[d])?,
+                wq: t("attn_q", &[d, d])?,
+                wk: t("attn_k", &[d, kv])?,
+                wv: t("attn_v", &[d, kv])?,
+                wo: t("attn_output", &[d, d])?,
+                ffn_norm: t("ffn_norm", &[d])?,
+                w_gate: t("ffn_gate", &[d, ff])?,
+                w_up: t("ffn_up", &[d, ff])?,
+                w_down: t("ffn_down", &[ff, d])?,
+            });
+        }
+        let head = if part.head {
+            let norm = load("output_norm.weight", &[d])?;
+            // SmolLM2 ties the output head to the token embeddings.
+            let name = if gguf.tensor_info("output.weight").is_ok() { "output.weight" } else { "token_embd.weight" };
+            Some(Head { norm, output: load(name, &[d, cfg.vocab_size])? })
+        } else {
+            None
+        };
+        Ok(Self { cfg, part, backend, embed, blocks, head, weight_bytes })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    pub fn part(&self) -> &ModelPart {
+        &self.part
+    }
+
+    pub fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+
+    /// Bytes of weights this part holds (a tensor used twice, like a tied head, counts once).
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    /// A KV store with `n_blocks` blocks for this part's layers, and empty scratch.
+    pub fn new_state(&self, n_blocks: usize) -> Result<ForwardState<B>> {
+        let kv_spec = KvSpec { n_layers: self.blocks.len(), n_blocks, kv_dim: self.cfg.kv_dim() };
+        Ok(ForwardState { kv: self.backend.alloc_kv(kv_spec)?, kv_spec, scratch: None })
+    }
+
+    /// A buffer for `rows` rows of hidden state.
+    pub fn alloc_hidden(&self, rows: usize) -> B::Buf {
+        self.backend.alloc(rows * self.cfg.d_model)
+    }
+
+    /// Token embeddings of `ids` into `hidden` (the first part only).
+    pub fn embed(&self, ids: &[u32], hidden: &mut B::Buf) -> Result<()> {
+        let table = self.embed.as_ref().ok_or_else(|| Error::InvalidRequest("this model part has no embeddings".into()))?;
+        self.backend.embed(table, ids, hidden)
+    }
+
+    /// Runs this part's blocks over `rows` rows of `hidden`, in place. `seqs` says which rows
+    /// belong to which sequence and at which positions; their block tables must cover them.
+    pub fn forward_blocks(&self, st: &mut ForwardState<B>, seqs: &[SeqRows<'_>], hidden: &mut B::Buf, rows: usize) {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let d = c.d_model;
+        let positions: Vec<u32> = seqs.iter().flat_map(|s| (s.pos..s.pos + s.len).map(|p| p as u32)).collect();
+        debug_assert_eq!(positions.len(), rows);
+        let s = self.scratch(&mut st.scratch, rows);
+        let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim };
+        for (li, b) in self.blocks.iter().enumerate() {
+            be.rms_norm(hidden, &b.attn_norm, c.rms_eps, rows, &mut s.xn);
+            be.matmul(&[&b.wq, &b.wk, &b.wv], &s.xn, rows, &mut [&mut s.q, &mut s.k, &mut s.v]);
+            be.rope(&mut s.q, &positions, c.n_heads, c.head_dim, c.rope_dims, c.rope_base);
+            be.rope(&mut s.k, &positions, c.n_kv_heads, c.head_dim, c.rope_dims, c.rope_base);
+            be.attention(&mut st.kv, li, shape, seqs, &s.q, &s.k, &s.v, &mut s.att);
+            be.matmul(&[&b.wo], &s.att, rows, &mut [&mut s.proj]);
+            be.add_assign(hidden, &s.proj, rows * d);
+            be.rms_norm(hidden, &b.ffn_norm, c.rms_eps, rows, &mut s.xn);
+            be.matmul(&[&b.w_gate, &b.w_up], &s.xn, rows, &mut [&mut s.gate, &mut s.up]);
+            be.silu_mul(&mut s.gate, &s.up, rows * c.ffn_dim);
+            be.matmul(&[&b.w_down], &s.gate, rows, &mut [&mut s.proj]);
+            be.add_assign(hidden, &s.proj, rows * d);
+        }
+    }
+
+    /// Logits (`vocab_size` each, row-major) for the rows `emit` of `hidden` (the last part only).
+    pub fn logits(&self, hidden: &B::Buf, emit: &[usize]) -> Result<Vec<f32>> {
+        let head = self.head.as_ref().ok_or_else(|| Error::InvalidRequest("this model part has no output head".into()))?;
+        let be = &*self.backend;
+        let (d, n) = (self.cfg.d_model, emit.len());
+        let mut picked = be.alloc(n * d);
+        be.gather_rows(hidden, emit, d, &mut picked);
+        let mut normed = be.alloc(n * d);
+        be.rms_norm(&picked, &head.norm, self.cfg.rms_eps, n, &mut normed);
+        let mut logits = be.alloc(n * self.cfg.vocab_size);
+        be.matmul(&[&head.output], &normed, n, &mut [&mut logits]);
+        Ok(be.download(&logits, n * self.cfg.vocab_size))
+    }
+
+    /// The whole model in one call: embeddings, blocks and head, for a model holding all parts.
+    pub fn forward(&self, st: &mut ForwardState<B>, ids: &[u32], seqs: &[SeqRows<'_>], emit: &[usize]) -> Result<Vec<f32>> {
+        let mut hidden = self.alloc_hidden(ids.len());
+        self.embed(ids, &mut hidden)?;
+        self.forward_blocks(st, seqs, &mut hidden, ids.len());
+        self.logits(&hidden, emit)
+    }
+
+    fn scratch<'s>(&self, slot: &'s mut Option<Scratch<B>>, rows: usize) -> &'s mut Scratch<B> {
+        if slot.as_ref().is_none_or(|s| s.rows < rows) {
+            let be = &*self.backend;
+            let c = &self.cfg;
+            let r = rows.next_power_of_two();
+            *slot = Some(Scratch {
+                rows: r,
+                xn: be.alloc(r * c.d_model),
+                q: be.alloc(r * c.d_model),
+                k: be.alloc(r * c.kv_dim()),
+                v: be.alloc(r * c.kv_dim()),
+                att: be.alloc(r * c.d_model),
+                proj: be.alloc(r * c.d_model),
+                gate: be.alloc(r * c.ffn_dim),
+                up: be.alloc(r * c.ffn_dim),
+            });
+        }
+        slot.as_mut().expect("just set")
+    }
+}
+
+#[cfg(test)]
+mod tests;
