@@ -374,7 +374,8 @@ mod tests {
 
     #[test]
     fn hf_environment_features() {
-        // trim_blocks / lstrip_blocks, bos/eos, Python string methods, loop controls.
+        // trim_blocks / lstrip_blocks, bos/eos, Python string methods (and Python's `True`),
+        // loop controls.
         let src = "{{ bos_token }}\n{% for m in messages %}\n  {% if m.role == 'stop' %}{% break %}{% endif %}\n{{ m['content'].strip().upper() }}|{{ m.role.startswith('us') }}\n{% endfor %}{{ eos_token }}";
         let t = ChatTemplate::new(src, "<s>", "</s>").expect("compiles");
         let msgs = [
@@ -384,12 +385,13 @@ mod tests {
         ];
         assert_eq!(
             t.render(&msgs, false).expect("render"),
-            "<s>\nHI|true\n</s>"
+            "<s>\nHI|True\n</s>"
         );
     }
 
     #[test]
     fn tojson_is_python_style() {
+        // Keys in insertion (field) order, as Python dicts; `json.dumps` separators.
         let src = "{{ messages[0] | tojson }}|{{ messages | tojson(indent=2) }}|{{ 'é<' | tojson }}|{{ 'é' | tojson(ensure_ascii=true) }}";
         let t = ChatTemplate::new(src, "", "").expect("compiles");
         let out = t
@@ -397,7 +399,7 @@ mod tests {
             .expect("render");
         assert_eq!(
             out,
-            "{\"content\": \"a\\\"b\", \"role\": \"user\"}|[\n  {\n    \"content\": \"a\\\"b\",\n    \"role\": \"user\"\n  }\n]|\"é<\"|\"\\u00e9\""
+            "{\"role\": \"user\", \"content\": \"a\\\"b\"}|[\n  {\n    \"role\": \"user\",\n    \"content\": \"a\\\"b\"\n  }\n]|\"é<\"|\"\\u00e9\""
         );
     }
 
