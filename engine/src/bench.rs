@@ -23,7 +23,12 @@ pub struct BenchConfig {
 
 impl Default for BenchConfig {
     fn default() -> Self {
-        Self { prefill_tokens: 512, decode_tokens: 128, decode_batches: vec![1, 4, 8], repetitions: 3 }
+        Self {
+            prefill_tokens: 512,
+            decode_tokens: 128,
+            decode_batches: vec![1, 4, 8],
+            repetitions: 3,
+        }
     }
 }
 
@@ -52,7 +57,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Pseudo-random token ids, as llama-bench uses: no cache can make them cheap.
 fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
-    (0..n).map(|_| (rng.next_u64() % vocab as u64) as u32).collect()
+    (0..n)
+        .map(|_| (rng.next_u64() % vocab as u64) as u32)
+        .collect()
 }
 
 pub fn run<B: Backend>(model: &Llama<B>, cfg: &BenchConfig) -> Result<BenchReport> {
@@ -67,7 +74,12 @@ pub fn run<B: Backend>(model: &Llama<B>, cfg: &BenchConfig) -> Result<BenchRepor
         let mut table = BlockTable::new();
         table.reserve(&mut pool, ids.len())?;
         let mut state = model.new_state(pool.n_blocks())?;
-        let seq = SeqRows { start: 0, len: ids.len(), pos: 0, blocks: table.blocks() };
+        let seq = SeqRows {
+            start: 0,
+            len: ids.len(),
+            pos: 0,
+            blocks: table.blocks(),
+        };
         let t = Instant::now();
         model.forward(&mut state, &ids, &[seq], &[ids.len() - 1])?;
         prefill.push(ids.len() as f64 / t.elapsed().as_secs_f64());
@@ -80,7 +92,11 @@ pub fn run<B: Backend>(model: &Llama<B>, cfg: &BenchConfig) -> Result<BenchRepor
             runs.push(decode_run(model, batch, cfg.decode_tokens, &mut rng)?);
         }
         let tok_s = median(runs);
-        decode.push(DecodeResult { batch, tok_s, per_seq_tok_s: tok_s / batch as f64 });
+        decode.push(DecodeResult {
+            batch,
+            tok_s,
+            per_seq_tok_s: tok_s / batch as f64,
+        });
     }
     Ok(BenchReport {
         backend: model.backend().name(),
@@ -92,7 +108,12 @@ pub fn run<B: Backend>(model: &Llama<B>, cfg: &BenchConfig) -> Result<BenchRepor
 }
 
 /// `batch` sequences each decode `steps` tokens, one row per sequence per forward pass.
-fn decode_run<B: Backend>(model: &Llama<B>, batch: usize, steps: usize, rng: &mut Rng) -> Result<f64> {
+fn decode_run<B: Backend>(
+    model: &Llama<B>,
+    batch: usize,
+    steps: usize,
+    rng: &mut Rng,
+) -> Result<f64> {
     let vocab = model.config().vocab_size;
     let per_seq = (steps + 1).div_ceil(crate::kv::BLOCK_SIZE);
     let mut pool = BlockPool::new(per_seq * batch);
@@ -110,7 +131,12 @@ fn decode_run<B: Backend>(model: &Llama<B>, batch: usize, steps: usize, rng: &mu
         let seqs: Vec<SeqRows<'_>> = tables
             .iter()
             .enumerate()
-            .map(|(i, t)| SeqRows { start: i, len: 1, pos, blocks: t.blocks() })
+            .map(|(i, t)| SeqRows {
+                start: i,
+                len: 1,
+                pos,
+                blocks: t.blocks(),
+            })
             .collect();
         let logits = model.forward(&mut state, &ids, &seqs, &emit)?;
         for (id, l) in ids.iter_mut().zip(logits.chunks_exact(vocab)) {

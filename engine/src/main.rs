@@ -16,7 +16,11 @@ use sluice_engine::model::tokenizer::Tokenizer;
 use sluice_engine::model::{default_model_path, Llama, ModelPart};
 
 #[derive(Parser, Debug)]
-#[command(name = "sluice-engine", version, about = "Sluice's bundled inference engine")]
+#[command(
+    name = "sluice-engine",
+    version,
+    about = "Sluice's bundled inference engine"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -148,28 +152,55 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Generate(args) => generate_cmd(args)?,
-        Command::Score { model, tokens, json } => {
+        Command::Score {
+            model,
+            tokens,
+            json,
+        } => {
             let (_, llama) = model.load()?;
             let scores = generate::score(&llama, &tokens)?;
             if json {
                 println!("{}", serde_json::to_string(&scores)?);
             } else {
                 for (i, p) in scores.positions.iter().enumerate() {
-                    println!("{i:>5} argmax {:>6} logprob(next) {:?}", p.argmax, p.next_logprob);
+                    println!(
+                        "{i:>5} argmax {:>6} logprob(next) {:?}",
+                        p.argmax, p.next_logprob
+                    );
                 }
                 println!("perplexity {:?}", scores.perplexity);
             }
         }
-        Command::Bench { model, prefill_tokens, decode_tokens, batches, repetitions, json } => {
+        Command::Bench {
+            model,
+            prefill_tokens,
+            decode_tokens,
+            batches,
+            repetitions,
+            json,
+        } => {
             let (_, llama) = model.load()?;
-            let cfg = BenchConfig { prefill_tokens, decode_tokens, decode_batches: batches, repetitions };
+            let cfg = BenchConfig {
+                prefill_tokens,
+                decode_tokens,
+                decode_batches: batches,
+                repetitions,
+            };
             let report = bench::run(&llama, &cfg)?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
-                println!("threads {}  prefill pp{}: {:.1} tok/s", model.threads(), prefill_tokens, report.prefill_tok_s);
+                println!(
+                    "threads {}  prefill pp{}: {:.1} tok/s",
+                    model.threads(),
+                    prefill_tokens,
+                    report.prefill_tok_s
+                );
                 for d in &report.decode {
-                    println!("decode tg{} batch {}: {:.1} tok/s ({:.1} per sequence)", decode_tokens, d.batch, d.tok_s, d.per_seq_tok_s);
+                    println!(
+                        "decode tg{} batch {}: {:.1} tok/s ({:.1} per sequence)",
+                        decode_tokens, d.batch, d.tok_s, d.per_seq_tok_s
+                    );
                 }
             }
         }
@@ -181,24 +212,41 @@ fn generate_cmd(args: GenerateArgs) -> Result<()> {
     let (loaded, llama) = args.model.load()?;
     let text = if args.chat {
         let template = ChatTemplate::from_gguf(&loaded.gguf)?;
-        template.render(&[ChatMessage { role: "user".into(), content: args.prompt.clone() }], true)?
+        template.render(
+            &[ChatMessage {
+                role: "user".into(),
+                content: args.prompt.clone(),
+            }],
+            true,
+        )?
     } else {
         args.prompt.clone()
     };
     let prompt_tokens = loaded.tokenizer.encode(&text, true)?;
     let params = GenerateParams {
         max_tokens: args.max_tokens,
-        sampling: SamplingParams { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, seed: args.seed },
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            seed: args.seed,
+        },
         stop: args.stop.clone(),
     };
     let stream = !args.json;
-    let out = generate::generate(&llama, &loaded.tokenizer, &prompt_tokens, &params, |piece| {
-        if stream {
-            use std::io::Write;
-            print!("{piece}");
-            let _ = std::io::stdout().flush();
-        }
-    })?;
+    let out = generate::generate(
+        &llama,
+        &loaded.tokenizer,
+        &prompt_tokens,
+        &params,
+        |piece| {
+            if stream {
+                use std::io::Write;
+                print!("{piece}");
+                let _ = std::io::stdout().flush();
+            }
+        },
+    )?;
     let prefill_tok_s = tokens_per_sec(prompt_tokens.len(), out.prefill_time);
     // The first token comes from the prefill; each later one from a decode step.
     let decode_tok_s = tokens_per_sec(out.tokens.len().saturating_sub(1), out.decode_time);

@@ -69,11 +69,26 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// `out[i] = table[ids[i]]` (rows of width `table`'s columns).
     fn embed(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Buf) -> Result<()>;
     /// Row-wise RMS norm of `rows` rows of `x`, times `weight`.
-    fn rms_norm(&self, x: &Self::Buf, weight: &Self::Weight, eps: f32, rows: usize, out: &mut Self::Buf);
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        weight: &Self::Weight,
+        eps: f32,
+        rows: usize,
+        out: &mut Self::Buf,
+    );
     /// `outs[j] = x · ws[j]ᵀ` for `rows` rows; weights sharing one input run together.
     fn matmul(&self, ws: &[&Self::Weight], x: &Self::Buf, rows: usize, outs: &mut [&mut Self::Buf]);
     /// Rotary embedding (adjacent pairs) on rows of `n_heads` heads, row `i` at `positions[i]`.
-    fn rope(&self, x: &mut Self::Buf, positions: &[u32], n_heads: usize, head_dim: usize, rope_dims: usize, base: f32);
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        positions: &[u32],
+        n_heads: usize,
+        head_dim: usize,
+        rope_dims: usize,
+        base: f32,
+    );
     /// Stores this batch's keys and values into `layer` of the KV store, then computes causal
     /// attention of `q` over each sequence's cached keys and values into `out`.
     #[allow(clippy::too_many_arguments)]

@@ -77,7 +77,9 @@ pub fn generate<B: Backend>(
 ) -> Result<Generation> {
     let ctx = model.config().context_length;
     if params.max_tokens == 0 {
-        return Err(Error::InvalidRequest("max_tokens must be at least 1".into()));
+        return Err(Error::InvalidRequest(
+            "max_tokens must be at least 1".into(),
+        ));
     }
     if prompt.is_empty() {
         return Err(Error::InvalidRequest("the prompt is empty".into()));
@@ -111,7 +113,12 @@ pub fn generate<B: Backend>(
     };
 
     let t0 = Instant::now();
-    let seq = SeqRows { start: 0, len: prompt.len(), pos: 0, blocks: table.blocks() };
+    let seq = SeqRows {
+        start: 0,
+        len: prompt.len(),
+        pos: 0,
+        blocks: table.blocks(),
+    };
     let mut logits = model.forward(&mut state, prompt, &[seq], &[prompt.len() - 1])?;
     out.prefill_time = t0.elapsed();
 
@@ -137,7 +144,12 @@ pub fn generate<B: Backend>(
         if out.tokens.len() >= params.max_tokens || pos >= total {
             break;
         }
-        let seq = SeqRows { start: 0, len: 1, pos, blocks: table.blocks() };
+        let seq = SeqRows {
+            start: 0,
+            len: 1,
+            pos,
+            blocks: table.blocks(),
+        };
         logits = model.forward(&mut state, &[id], &[seq], &[0])?;
         pos += 1;
     }

@@ -13,7 +13,12 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self { temperature: 0.0, top_k: 0, top_p: 1.0, seed: None }
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+        }
     }
 }
 
@@ -54,7 +59,10 @@ impl Sampler {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64)
         });
-        Self { params, rng: Rng::new(seed) }
+        Self {
+            params,
+            rng: Rng::new(seed),
+        }
     }
 
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
@@ -62,7 +70,11 @@ impl Sampler {
         if p.temperature <= 0.0 || p.top_k == 1 {
             return argmax(logits);
         }
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l / p.temperature))
+            .collect();
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1));
             cand.truncate(p.top_k);
@@ -107,7 +119,12 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// `log softmax(logits)[i]`.
 pub fn log_prob(logits: &[f32], i: usize) -> f32 {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let lse = logits.iter().map(|l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32 + max;
+    let lse = logits
+        .iter()
+        .map(|l| ((l - max) as f64).exp())
+        .sum::<f64>()
+        .ln() as f32
+        + max;
     logits[i] - lse
 }
 
@@ -124,7 +141,12 @@ mod tests {
     #[test]
     fn seeded_sampling_is_reproducible_and_respects_top_k() {
         let logits: Vec<f32> = (0..100).map(|i| (i % 7) as f32 * 0.3).collect();
-        let params = SamplingParams { temperature: 1.0, top_k: 5, top_p: 1.0, seed: Some(42) };
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 5,
+            top_p: 1.0,
+            seed: Some(42),
+        };
         let run = || {
             let mut s = Sampler::new(params.clone());
             (0..50).map(|_| s.sample(&logits)).collect::<Vec<_>>()
@@ -132,9 +154,15 @@ mod tests {
         let a = run();
         assert_eq!(a, run(), "same seed, same tokens");
         // The five largest logits are the five indices with i % 7 == 6 among the first ones.
-        assert!(a.iter().all(|t| t % 7 == 6), "top-k kept only the highest logits: {a:?}");
+        assert!(
+            a.iter().all(|t| t % 7 == 6),
+            "top-k kept only the highest logits: {a:?}"
+        );
         let distinct: std::collections::HashSet<_> = a.iter().collect();
-        assert!(distinct.len() > 1, "sampling at temperature 1 is not greedy");
+        assert!(
+            distinct.len() > 1,
+            "sampling at temperature 1 is not greedy"
+        );
     }
 
     #[test]
@@ -142,7 +170,12 @@ mod tests {
         // One token holds ~0.98 of the mass; top_p 0.5 must always pick it.
         let mut logits = vec![0.0; 10];
         logits[3] = 8.0;
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.5, seed: Some(1) });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+            seed: Some(1),
+        });
         assert!((0..200).all(|_| s.sample(&logits) == 3));
     }
 

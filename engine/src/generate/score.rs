@@ -39,7 +39,12 @@ pub fn score<B: Backend>(model: &Llama<B>, tokens: &[u32]) -> Result<Scores> {
     let mut table = BlockTable::new();
     table.reserve(&mut pool, n)?;
     let mut state = model.new_state(pool.n_blocks())?;
-    let seq = SeqRows { start: 0, len: n, pos: 0, blocks: table.blocks() };
+    let seq = SeqRows {
+        start: 0,
+        len: n,
+        pos: 0,
+        blocks: table.blocks(),
+    };
     let rows: Vec<usize> = (0..n).collect();
     let logits = model.forward(&mut state, tokens, &[seq], &rows)?;
     let vocab = model.config().vocab_size;
@@ -53,8 +58,15 @@ pub fn score<B: Backend>(model: &Llama<B>, tokens: &[u32]) -> Result<Scores> {
         top5.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let next_logprob = tokens.get(i + 1).map(|&t| log_prob(l, t as usize));
         nll -= next_logprob.unwrap_or(0.0) as f64;
-        positions.push(PositionScore { argmax: argmax(l), top5, next_logprob });
+        positions.push(PositionScore {
+            argmax: argmax(l),
+            top5,
+            next_logprob,
+        });
     }
     let perplexity = (n > 1).then(|| (nll / (n - 1) as f64).exp());
-    Ok(Scores { positions, perplexity })
+    Ok(Scores {
+        positions,
+        perplexity,
+    })
 }

@@ -10,14 +10,21 @@ pub struct StopMatcher {
 
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> Self {
-        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new() }
+        Self {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            held: String::new(),
+        }
     }
 
     /// Feeds new text. Returns the text safe to emit and whether a stop string was reached
     /// (the stop string and all after it are dropped).
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.held.push_str(text);
-        let hit = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
+        let hit = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min();
         if let Some(at) = hit {
             let out = self.held[..at].to_owned();
             self.held.clear();
@@ -44,7 +51,10 @@ impl StopMatcher {
                 if len <= best {
                     break;
                 }
-                if h.is_char_boundary(h.len() - len) && s.is_char_boundary(len) && h.ends_with(&s[..len]) {
+                if h.is_char_boundary(h.len() - len)
+                    && s.is_char_boundary(len)
+                    && h.ends_with(&s[..len])
+                {
                     best = len;
                     break;
                 }

@@ -11,7 +11,10 @@ pub struct BlockPool {
 
 impl BlockPool {
     pub fn new(n_blocks: usize) -> Self {
-        Self { free: (0..n_blocks as u32).rev().collect(), n_blocks }
+        Self {
+            free: (0..n_blocks as u32).rev().collect(),
+            n_blocks,
+        }
     }
 
     pub fn n_blocks(&self) -> usize {
@@ -25,7 +28,10 @@ impl BlockPool {
     /// Takes `n` blocks, or none at all if fewer than `n` are free.
     pub fn allocate(&mut self, n: usize) -> Result<Vec<u32>> {
         if n > self.free.len() {
-            return Err(Error::OutOfKvBlocks { needed: n, free: self.free.len() });
+            return Err(Error::OutOfKvBlocks {
+                needed: n,
+                free: self.free.len(),
+            });
         }
         let at = self.free.len() - n;
         Ok(self.free.split_off(at))
@@ -34,7 +40,10 @@ impl BlockPool {
     /// Returns blocks to the pool.
     pub fn release(&mut self, blocks: impl IntoIterator<Item = u32>) {
         for b in blocks {
-            debug_assert!((b as usize) < self.n_blocks && !self.free.contains(&b), "double free of block {b}");
+            debug_assert!(
+                (b as usize) < self.n_blocks && !self.free.contains(&b),
+                "double free of block {b}"
+            );
             self.free.push(b);
         }
     }
@@ -50,7 +59,10 @@ mod tests {
         let a = pool.allocate(3).unwrap();
         assert_eq!(a.len(), 3);
         assert_eq!(pool.n_free(), 1);
-        assert!(matches!(pool.allocate(2), Err(Error::OutOfKvBlocks { needed: 2, free: 1 })));
+        assert!(matches!(
+            pool.allocate(2),
+            Err(Error::OutOfKvBlocks { needed: 2, free: 1 })
+        ));
         assert_eq!(pool.n_free(), 1, "a failed allocation takes nothing");
         pool.release(a);
         assert_eq!(pool.n_free(), 4);

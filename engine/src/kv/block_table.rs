@@ -25,7 +25,9 @@ impl BlockTable {
 
     /// Blocks needed beyond the current ones to hold `n_tokens`.
     pub fn blocks_needed(&self, n_tokens: usize) -> usize {
-        n_tokens.div_ceil(BLOCK_SIZE).saturating_sub(self.blocks.len())
+        n_tokens
+            .div_ceil(BLOCK_SIZE)
+            .saturating_sub(self.blocks.len())
     }
 
     /// Grows the table to hold `n_tokens` tokens; on failure nothing is taken.

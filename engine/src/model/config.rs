@@ -31,7 +31,11 @@ impl LlamaConfig {
         let d_model = u("embedding_length")?;
         let n_heads = u("attention.head_count")?;
         let n_kv_heads = u("attention.head_count_kv").unwrap_or(n_heads);
-        if n_heads == 0 || n_kv_heads == 0 || d_model % n_heads != 0 || n_heads % n_kv_heads != 0 {
+        if n_heads == 0
+            || n_kv_heads == 0
+            || !d_model.is_multiple_of(n_heads)
+            || !n_heads.is_multiple_of(n_kv_heads)
+        {
             return Err(Error::Corrupt(format!(
                 "inconsistent attention shape: d_model {d_model}, {n_heads} heads, {n_kv_heads} KV heads"
             )));
@@ -48,14 +52,19 @@ impl LlamaConfig {
             n_kv_heads,
             head_dim,
             ffn_dim: u("feed_forward_length")?,
-            rms_eps: gguf.get_f32("llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+            rms_eps: gguf
+                .get_f32("llama.attention.layer_norm_rms_epsilon")
+                .unwrap_or(1e-5),
             rope_base: gguf.get_f32("llama.rope.freq_base").unwrap_or(10_000.0),
             rope_dims: u("rope.dimension_count").unwrap_or(head_dim),
             vocab_size,
             context_length: u("context_length")?,
         };
-        if cfg.rope_dims > head_dim || cfg.rope_dims % 2 != 0 {
-            return Err(Error::Corrupt(format!("rope.dimension_count {} with head_dim {head_dim}", cfg.rope_dims)));
+        if cfg.rope_dims > head_dim || !cfg.rope_dims.is_multiple_of(2) {
+            return Err(Error::Corrupt(format!(
+                "rope.dimension_count {} with head_dim {head_dim}",
+                cfg.rope_dims
+            )));
         }
         Ok(cfg)
     }

@@ -1,7 +1,7 @@
 //! The model: GGUF reader, tokenizer, chat template, configuration and the Llama forward pass.
 
-pub mod config;
 pub mod chat;
+pub mod config;
 pub mod detok;
 pub mod gguf;
 pub mod llama;
@@ -24,7 +24,11 @@ pub fn default_model_path() -> std::path::PathBuf {
     }
     std::env::current_exe()
         .ok()
-        .and_then(|exe| exe.ancestors().nth(3).map(|root| root.join(DEFAULT_MODEL_PATH)))
+        .and_then(|exe| {
+            exe.ancestors()
+                .nth(3)
+                .map(|root| root.join(DEFAULT_MODEL_PATH))
+        })
         .filter(|p| p.exists())
         .unwrap_or(here)
 }

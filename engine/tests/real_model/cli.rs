@@ -12,7 +12,11 @@ fn engine(args: &[&str]) -> (bool, String, String) {
         .args(["--threads", "2"])
         .output()
         .expect("run sluice-engine");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn model() -> String {
@@ -21,7 +25,14 @@ fn model() -> String {
 
 #[test]
 fn tokenize_prints_token_ids() {
-    let (ok, out, err) = engine(&["tokenize", "--model", &model(), "--text", "<|im_start|>user\nhi<|im_end|>\n", "--json"]);
+    let (ok, out, err) = engine(&[
+        "tokenize",
+        "--model",
+        &model(),
+        "--text",
+        "<|im_start|>user\nhi<|im_end|>\n",
+        "--json",
+    ]);
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(out.trim()).expect("JSON");
     assert_eq!(v["tokens"], serde_json::json!([1, 4093, 198, 6004, 2, 198]));
@@ -30,13 +41,28 @@ fn tokenize_prints_token_ids() {
 #[test]
 fn generate_prints_the_documented_fields() {
     let (ok, out, err) = engine(&[
-        "generate", "--model", &model(), "--prompt", "The capital of France is", "--max-tokens", "4", "--temperature", "0", "--json",
+        "generate",
+        "--model",
+        &model(),
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0",
+        "--json",
     ]);
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(out.trim()).expect("JSON");
-    assert_eq!(v["prompt_tokens"], serde_json::json!([504, 3575, 282, 4649, 314]));
+    assert_eq!(
+        v["prompt_tokens"],
+        serde_json::json!([504, 3575, 282, 4649, 314])
+    );
     assert_eq!(v["tokens"].as_array().expect("tokens").len(), 4);
-    assert_eq!(v["tokens"][0], 7042, "greedy first token is \" Paris\" as in llama.cpp");
+    assert_eq!(
+        v["tokens"][0], 7042,
+        "greedy first token is \" Paris\" as in llama.cpp"
+    );
     assert!(v["text"].as_str().expect("text").starts_with(" Paris"));
     assert!(v["prefill_tok_s"].as_f64().expect("prefill") > 0.0);
     assert!(v["decode_tok_s"].as_f64().expect("decode") > 0.0);
@@ -44,18 +70,42 @@ fn generate_prints_the_documented_fields() {
 
 #[test]
 fn generate_chat_stops_at_end_of_turn() {
-    let (ok, out, err) = engine(&["generate", "--model", &model(), "--chat", "--prompt", "Say hello.", "--max-tokens", "64", "--json"]);
+    let (ok, out, err) = engine(&[
+        "generate",
+        "--model",
+        &model(),
+        "--chat",
+        "--prompt",
+        "Say hello.",
+        "--max-tokens",
+        "64",
+        "--json",
+    ]);
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(out.trim()).expect("JSON");
-    assert_eq!(v["prompt_tokens"][0], 1, "the chat template starts with <|im_start|>");
+    assert_eq!(
+        v["prompt_tokens"][0], 1,
+        "the chat template starts with <|im_start|>"
+    );
     assert_eq!(v["finish_reason"], "stop");
-    assert_eq!(v["tokens"].as_array().and_then(|t| t.last()), Some(&Value::from(2)), "ends with <|im_end|>");
+    assert_eq!(
+        v["tokens"].as_array().and_then(|t| t.last()),
+        Some(&Value::from(2)),
+        "ends with <|im_end|>"
+    );
     assert!(!v["text"].as_str().expect("text").contains("<|im_end|>"));
 }
 
 #[test]
 fn score_prints_positions_and_perplexity() {
-    let (ok, out, err) = engine(&["score", "--model", &model(), "--tokens", "504,3575,282,4649,314,7042", "--json"]);
+    let (ok, out, err) = engine(&[
+        "score",
+        "--model",
+        &model(),
+        "--tokens",
+        "504,3575,282,4649,314,7042",
+        "--json",
+    ]);
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(out.trim()).expect("JSON");
     let pos = v["positions"].as_array().expect("positions");
@@ -75,10 +125,28 @@ fn errors_are_one_clear_line() {
     assert!(!ok);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("fetch-model"), "{err}");
-    let (ok, _, err) = engine(&["generate", "--device", "cuda", "--model", &model(), "--prompt", "x"]);
+    let (ok, _, err) = engine(&[
+        "generate",
+        "--device",
+        "cuda",
+        "--model",
+        &model(),
+        "--prompt",
+        "x",
+    ]);
     assert!(!ok);
     assert!(err.contains("cuda") && !err.contains("panicked"), "{err}");
-    let (ok, _, err) = engine(&["score", "--model", &model(), "--tokens", "99999999", "--json"]);
+    let (ok, _, err) = engine(&[
+        "score",
+        "--model",
+        &model(),
+        "--tokens",
+        "99999999",
+        "--json",
+    ]);
     assert!(!ok);
-    assert!(err.contains("outside the vocabulary") && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("outside the vocabulary") && !err.contains("panicked"),
+        "{err}"
+    );
 }

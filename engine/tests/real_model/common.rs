@@ -16,34 +16,43 @@ use std::sync::{Arc, OnceLock};
 
 use sluice_engine::backend::cpu::CpuBackend;
 use sluice_engine::model::gguf::GgufFile;
-use sluice_engine::model::tokenizer::Tokenizer;
 use sluice_engine::model::{Llama, LlamaConfig, ModelPart};
 
 /// The real model, loaded once and shared by every test of this binary.
 pub struct Shared {
-    pub gguf: Arc<GgufFile>,
-    pub tokenizer: Arc<Tokenizer>,
     pub llama: Llama<CpuBackend>,
 }
 
 pub fn shared() -> &'static Shared {
     static SHARED: OnceLock<Shared> = OnceLock::new();
     SHARED.get_or_init(|| {
-        let gguf = Arc::new(GgufFile::open(&model_path()).expect("run scripts/fetch-model.sh first"));
-        let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).expect("tokenizer"));
+        let gguf =
+            Arc::new(GgufFile::open(&model_path()).expect("run scripts/fetch-model.sh first"));
         let n_layers = LlamaConfig::from_gguf(&gguf).expect("config").n_layers;
-        let llama = Llama::load(gguf.clone(), Arc::new(CpuBackend::new(2)), ModelPart::full(n_layers)).expect("model");
-        Shared { gguf, tokenizer, llama }
+        let llama = Llama::load(
+            gguf,
+            Arc::new(CpuBackend::new(2)),
+            ModelPart::full(n_layers),
+        )
+        .expect("model");
+        Shared { llama }
     })
 }
 
 /// The records of one golden JSON Lines file.
 pub fn golden(file: &str) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(golden_dir().join(file)).expect("golden file");
-    text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).expect("golden JSON")).collect()
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("golden JSON"))
+        .collect()
 }
 
 /// A JSON array of numbers as token ids.
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }

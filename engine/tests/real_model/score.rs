@@ -22,7 +22,12 @@ fn teacher_forced_argmax_matches_llama_cpp() {
             }
         }
         let frac = rec_hits as f64 / gen.len() as f64;
-        eprintln!("{:>5.1}% of {:>2} golden tokens: {:?}", frac * 100.0, gen.len(), rec["prompt"].as_str().unwrap_or(""));
+        eprintln!(
+            "{:>5.1}% of {:>2} golden tokens: {:?}",
+            frac * 100.0,
+            gen.len(),
+            rec["prompt"].as_str().unwrap_or("")
+        );
         if frac < worst.0 {
             worst = (frac, rec["prompt"].to_string());
         }
@@ -30,9 +35,23 @@ fn teacher_forced_argmax_matches_llama_cpp() {
         total += gen.len();
     }
     let overall = hits as f64 / total as f64;
-    eprintln!("overall {:.1}% of {total}; worst record {:.1}% ({})", overall * 100.0, worst.0 * 100.0, worst.1);
-    assert!(overall >= 0.95, "argmax matches llama.cpp at {:.1}% of positions (need 95%)", overall * 100.0);
-    assert!(worst.0 >= 0.85, "record {} matches at {:.1}% (need 85%)", worst.1, worst.0 * 100.0);
+    eprintln!(
+        "overall {:.1}% of {total}; worst record {:.1}% ({})",
+        overall * 100.0,
+        worst.0 * 100.0,
+        worst.1
+    );
+    assert!(
+        overall >= 0.95,
+        "argmax matches llama.cpp at {:.1}% of positions (need 95%)",
+        overall * 100.0
+    );
+    assert!(
+        worst.0 >= 0.85,
+        "record {} matches at {:.1}% (need 85%)",
+        worst.1,
+        worst.0 * 100.0
+    );
 }
 
 #[test]
@@ -46,21 +65,45 @@ fn first_step_logits_match_llama_cpp() {
             .as_array()
             .expect("top5")
             .iter()
-            .map(|p| (p[0].as_u64().expect("id") as u32, p[1].as_f64().expect("logit") as f32))
+            .map(|p| {
+                (
+                    p[0].as_u64().expect("id") as u32,
+                    p[1].as_f64().expect("logit") as f32,
+                )
+            })
             .collect();
         let blocks: Vec<u32> = (0..prompt.len().div_ceil(BLOCK_SIZE) as u32).collect();
         let mut st = s.llama.new_state(blocks.len()).expect("state");
-        let seq = SeqRows { start: 0, len: prompt.len(), pos: 0, blocks: &blocks };
-        let logits = s.llama.forward(&mut st, &prompt, &[seq], &[prompt.len() - 1]).expect("forward");
+        let seq = SeqRows {
+            start: 0,
+            len: prompt.len(),
+            pos: 0,
+            blocks: &blocks,
+        };
+        let logits = s
+            .llama
+            .forward(&mut st, &prompt, &[seq], &[prompt.len() - 1])
+            .expect("forward");
         assert_eq!(logits.len(), vocab);
         for &(id, want) in &top5 {
             let err = (logits[id as usize] - want).abs();
             max_err = max_err.max(err);
-            assert!(err <= 1.0, "{:?}: logit of {id} is {} vs llama.cpp {want}", rec["prompt"], logits[id as usize]);
+            assert!(
+                err <= 1.0,
+                "{:?}: logit of {id} is {} vs llama.cpp {want}",
+                rec["prompt"],
+                logits[id as usize]
+            );
         }
         if top5[0].1 - top5[1].1 >= 0.5 {
             let ours = sluice_engine::generate::argmax(&logits);
-            assert_eq!(ours, top5[0].0, "{:?}: top-1 differs where llama.cpp leads by {}", rec["prompt"], top5[0].1 - top5[1].1);
+            assert_eq!(
+                ours,
+                top5[0].0,
+                "{:?}: top-1 differs where llama.cpp leads by {}",
+                rec["prompt"],
+                top5[0].1 - top5[1].1
+            );
         }
     }
     eprintln!("largest first-step logit difference from llama.cpp: {max_err:.3}");

@@ -32,7 +32,11 @@ pub fn attend(
     v_cache: &[f32],
     out: &mut [f32],
 ) {
-    let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
+    let AttnShape {
+        n_heads,
+        n_kv_heads,
+        head_dim,
+    } = shape;
     let (q_width, kv_dim) = (n_heads * head_dim, n_kv_heads * head_dim);
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
@@ -41,11 +45,19 @@ pub fn attend(
     for (si, s) in seqs.iter().enumerate() {
         for row0 in (0..s.len).step_by(ROWS_PER_TASK) {
             for head in 0..n_heads {
-                tasks.push(Task { seq: si, row0, n_rows: ROWS_PER_TASK.min(s.len - row0), head });
+                tasks.push(Task {
+                    seq: si,
+                    row0,
+                    n_rows: ROWS_PER_TASK.min(s.len - row0),
+                    head,
+                });
             }
         }
     }
-    let results: Vec<Mutex<Vec<f32>>> = tasks.iter().map(|t| Mutex::new(vec![0.0; t.n_rows * head_dim])).collect();
+    let results: Vec<Mutex<Vec<f32>>> = tasks
+        .iter()
+        .map(|t| Mutex::new(vec![0.0; t.n_rows * head_dim]))
+        .collect();
 
     pool.run(tasks.len(), &|ti| {
         let t = tasks[ti];
@@ -73,7 +85,11 @@ pub fn attend(
             let acc = &mut res[r * head_dim..(r + 1) * head_dim];
             acc.fill(0.0);
             for (p, &w) in scores.iter().enumerate() {
-                axpy(w / sum, &v_cache[s.slot(p) * kv_dim + kv_off..][..head_dim], acc);
+                axpy(
+                    w / sum,
+                    &v_cache[s.slot(p) * kv_dim + kv_off..][..head_dim],
+                    acc,
+                );
             }
         }
     });
@@ -95,7 +111,11 @@ mod tests {
 
     /// Dense reference: one sequence, contiguous positions.
     fn reference(shape: AttnShape, n: usize, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
-        let AttnShape { n_heads, n_kv_heads, head_dim: d } = shape;
+        let AttnShape {
+            n_heads,
+            n_kv_heads,
+            head_dim: d,
+        } = shape;
         let g = n_heads / n_kv_heads;
         let mut out = vec![0.0; n * n_heads * d];
         for i in 0..n {
@@ -103,14 +123,21 @@ mod tests {
                 let kvh = h / g;
                 let qv = &q[i * n_heads * d + h * d..][..d];
                 let s: Vec<f32> = (0..=i)
-                    .map(|j| qv.iter().zip(&k[j * n_kv_heads * d + kvh * d..][..d]).map(|(a, b)| a * b).sum::<f32>() / (d as f32).sqrt())
+                    .map(|j| {
+                        qv.iter()
+                            .zip(&k[j * n_kv_heads * d + kvh * d..][..d])
+                            .map(|(a, b)| a * b)
+                            .sum::<f32>()
+                            / (d as f32).sqrt()
+                    })
                     .collect();
                 let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
                 let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f32 = e.iter().sum();
                 for (j, w) in e.iter().enumerate() {
                     for t in 0..d {
-                        out[i * n_heads * d + h * d + t] += w / z * v[j * n_kv_heads * d + kvh * d + t];
+                        out[i * n_heads * d + h * d + t] +=
+                            w / z * v[j * n_kv_heads * d + kvh * d + t];
                     }
                 }
             }
@@ -120,7 +147,11 @@ mod tests {
 
     #[test]
     fn paged_attention_matches_dense_reference() {
-        let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 8 };
+        let shape = AttnShape {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 8,
+        };
         let n = 37; // spans three blocks, the last partial
         let kv_dim = 16;
         let mut seed = 7u32;
@@ -137,7 +168,12 @@ mod tests {
         let blocks = [5u32, 1, 3];
         let mut kc = vec![0.0; 6 * BLOCK_SIZE * kv_dim];
         let mut vc = kc.clone();
-        let seq = SeqRows { start: 0, len: n, pos: 0, blocks: &blocks };
+        let seq = SeqRows {
+            start: 0,
+            len: n,
+            pos: 0,
+            blocks: &blocks,
+        };
         for p in 0..n {
             let s = seq.slot(p);
             kc[s * kv_dim..(s + 1) * kv_dim].copy_from_slice(&k[p * kv_dim..(p + 1) * kv_dim]);
@@ -152,9 +188,22 @@ mod tests {
                 assert!((a - b).abs() < 1e-5, "{a} vs {b}");
             }
             // The last row alone, as a decode step at position n-1, gives the same answer.
-            let last = SeqRows { start: 0, len: 1, pos: n - 1, blocks: &blocks };
+            let last = SeqRows {
+                start: 0,
+                len: 1,
+                pos: n - 1,
+                blocks: &blocks,
+            };
             let mut one = vec![0.0; 32];
-            attend(&pool, shape, &[last], &q[(n - 1) * 32..], &kc, &vc, &mut one);
+            attend(
+                &pool,
+                shape,
+                &[last],
+                &q[(n - 1) * 32..],
+                &kc,
+                &vc,
+                &mut one,
+            );
             for (a, b) in one.iter().zip(&want[(n - 1) * 32..]) {
                 assert!((a - b).abs() < 1e-5);
             }

@@ -20,7 +20,9 @@ pub struct CpuBackend {
 impl CpuBackend {
     /// A backend running on `n_threads` threads (the caller's included).
     pub fn new(n_threads: usize) -> Self {
-        Self { pool: ThreadPool::new(n_threads.max(1)) }
+        Self {
+            pool: ThreadPool::new(n_threads.max(1)),
+        }
     }
 
     pub fn n_threads(&self) -> usize {
@@ -31,16 +33,23 @@ impl CpuBackend {
 /// A weight on the CPU: matrices stay in the mapped GGUF, vectors are expanded to f32.
 #[derive(Debug)]
 pub enum CpuWeight {
-    Matrix { src: WeightSource, rows: usize, cols: usize },
+    Matrix {
+        src: WeightSource,
+        rows: usize,
+        cols: usize,
+    },
     Vector(Vec<f32>),
 }
 
 impl CpuWeight {
     fn matrix(&self) -> QMatrix<'_> {
         match self {
-            Self::Matrix { src, rows, cols } => {
-                QMatrix { dtype: src.dtype(), rows: *rows, cols: *cols, data: src.bytes() }
-            }
+            Self::Matrix { src, rows, cols } => QMatrix {
+                dtype: src.dtype(),
+                rows: *rows,
+                cols: *cols,
+                data: src.bytes(),
+            },
             Self::Vector(_) => panic!("a vector weight used as a matrix"),
         }
     }
@@ -78,7 +87,11 @@ impl Backend for CpuBackend {
             return Ok(CpuWeight::Vector(data));
         }
         QMatrix::new(src.dtype(), rows, cols, src.bytes())?;
-        Ok(CpuWeight::Matrix { src: src.clone(), rows, cols })
+        Ok(CpuWeight::Matrix {
+            src: src.clone(),
+            rows,
+            cols,
+        })
     }
 
     fn alloc(&self, len: usize) -> Vec<f32> {
@@ -105,24 +118,50 @@ impl Backend for CpuBackend {
         let m = table.matrix();
         for (i, &id) in ids.iter().enumerate() {
             if id as usize >= m.rows {
-                return Err(Error::InvalidRequest(format!("token id {id} is outside the vocabulary of {}", m.rows)));
+                return Err(Error::InvalidRequest(format!(
+                    "token id {id} is outside the vocabulary of {}",
+                    m.rows
+                )));
             }
-            kernels::dequantize_row(m.dtype, m.row(id as usize), &mut out[i * m.cols..(i + 1) * m.cols]);
+            kernels::dequantize_row(
+                m.dtype,
+                m.row(id as usize),
+                &mut out[i * m.cols..(i + 1) * m.cols],
+            );
         }
         Ok(())
     }
 
-    fn rms_norm(&self, x: &Vec<f32>, weight: &CpuWeight, eps: f32, rows: usize, out: &mut Vec<f32>) {
+    fn rms_norm(
+        &self,
+        x: &Vec<f32>,
+        weight: &CpuWeight,
+        eps: f32,
+        rows: usize,
+        out: &mut Vec<f32>,
+    ) {
         ops::rms_norm(x, weight.vector(), eps, rows, out);
     }
 
     fn matmul(&self, ws: &[&CpuWeight], x: &Vec<f32>, rows: usize, outs: &mut [&mut Vec<f32>]) {
         let mats: Vec<QMatrix<'_>> = ws.iter().map(|w| w.matrix()).collect();
-        let mut ys: Vec<&mut [f32]> = outs.iter_mut().zip(&mats).map(|(o, m)| &mut o[..rows * m.rows]).collect();
+        let mut ys: Vec<&mut [f32]> = outs
+            .iter_mut()
+            .zip(&mats)
+            .map(|(o, m)| &mut o[..rows * m.rows])
+            .collect();
         kernels::matmul_multi(&self.pool, &mats, &x[..rows * mats[0].cols], rows, &mut ys);
     }
 
-    fn rope(&self, x: &mut Vec<f32>, positions: &[u32], n_heads: usize, head_dim: usize, rope_dims: usize, base: f32) {
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        positions: &[u32],
+        n_heads: usize,
+        head_dim: usize,
+        rope_dims: usize,
+        base: f32,
+    ) {
         ops::rope(x, positions, n_heads, head_dim, rope_dims, base);
     }
 

@@ -3,7 +3,10 @@
 /// `out[r] = x[r] / rms(x[r]) * weight` for each of `rows` rows of width `weight.len()`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, rows: usize, out: &mut [f32]) {
     let d = weight.len();
-    for (xr, or) in x[..rows * d].chunks_exact(d).zip(out[..rows * d].chunks_exact_mut(d)) {
+    for (xr, or) in x[..rows * d]
+        .chunks_exact(d)
+        .zip(out[..rows * d].chunks_exact_mut(d))
+    {
         let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
         let scale = 1.0 / (ss + eps).sqrt();
         for ((o, &v), &w) in or.iter_mut().zip(xr).zip(weight) {
@@ -15,9 +18,18 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, rows: usize, out: &mut [f32
 /// Rotary position embedding over rows of `n_heads` heads of `head_dim`, rotating adjacent
 /// pairs `(2i, 2i+1)` of the first `rope_dims` dimensions by `pos * base^(-2i / rope_dims)`
 /// (llama.cpp's "normal" RoPE, which Llama GGUFs expect since their Q and K are pre-permuted).
-pub fn rope(x: &mut [f32], positions: &[u32], n_heads: usize, head_dim: usize, rope_dims: usize, base: f32) {
+pub fn rope(
+    x: &mut [f32],
+    positions: &[u32],
+    n_heads: usize,
+    head_dim: usize,
+    rope_dims: usize,
+    base: f32,
+) {
     let half = rope_dims / 2;
-    let inv_freq: Vec<f32> = (0..half).map(|i| base.powf(-2.0 * i as f32 / rope_dims as f32)).collect();
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| base.powf(-2.0 * i as f32 / rope_dims as f32))
+        .collect();
     let mut cos_sin = vec![(0.0f32, 0.0f32); half];
     let width = n_heads * head_dim;
     for (row, &pos) in x.chunks_exact_mut(width).zip(positions) {

@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 /// How long an idle worker spins before parking.
 const SPIN_TIME: Duration = Duration::from_micros(100);
+/// How long the dispatcher spins waiting for workers to finish before yielding its core.
+const WAIT_SPIN_TIME: Duration = Duration::from_micros(50);
 /// Bit flag in `state`: the current job accepts new workers.
 const OPEN: u64 = 1 << 32;
 /// The epoch counter lives above the flag.
@@ -116,7 +118,9 @@ pub struct ThreadPool {
 
 impl std::fmt::Debug for ThreadPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ThreadPool").field("n_threads", &self.n_threads).finish()
+        f.debug_struct("ThreadPool")
+            .field("n_threads", &self.n_threads)
+            .finish()
     }
 }
 
@@ -146,7 +150,12 @@ impl ThreadPool {
                     .unwrap_or_else(|e| panic!("cannot spawn CPU worker thread: {e}"))
             })
             .collect();
-        ThreadPool { n_threads, shared, workers, dispatch: Mutex::new(()) }
+        ThreadPool {
+            n_threads,
+            shared,
+            workers,
+            dispatch: Mutex::new(()),
+        }
     }
 
     /// Total number of threads that run tasks, the caller included.
@@ -173,7 +182,8 @@ impl ThreadPool {
         // SAFETY: erasing the closure's lifetime is sound because the pointer is only
         // dereferenced by workers inside this job, and this function does not return before
         // the job is closed and every worker has left it (the wait loop below).
-        let f_static: *const TaskFn = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static TaskFn>(f) };
+        let f_static: *const TaskFn =
+            unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static TaskFn>(f) };
         // SAFETY: `OPEN` is clear and no worker is inside (checked at the end of the previous
         // dispatch, which we serialize with the `dispatch` lock), so no one reads `job` now.
         unsafe { *sh.job.get() = Some(f_static) };
@@ -193,11 +203,16 @@ impl ThreadPool {
         IN_POOL.with(|c| c.set(false));
 
         // Close the job: late workers can no longer join. Wait for those inside to leave.
+        // Spin briefly (they are normally mid-task), then yield: a preempted worker may need
+        // this very core to finish.
         let mut s = sh.state.fetch_and(!OPEN, Ordering::AcqRel) & !OPEN;
         let mut spins = 0u32;
+        let mut since: Option<Instant> = None;
         while s & INSIDE_MASK != 0 {
             spins += 1;
-            if spins < 1 << 16 {
+            let spin = !spins.is_multiple_of(64)
+                || since.get_or_insert_with(Instant::now).elapsed() < WAIT_SPIN_TIME;
+            if spin {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
@@ -248,7 +263,7 @@ fn worker_loop(sh: &Shared) {
                 return;
             }
             spins += 1;
-            if spins % 256 != 0 {
+            if !spins.is_multiple_of(256) {
                 std::hint::spin_loop();
                 continue;
             }
@@ -337,10 +352,12 @@ mod tests {
                 total.fetch_add(i + 1, Ordering::Relaxed);
             });
         }
-        let expected: usize = (0..10_000).map(|r| {
-            let n = 1 + r % 9;
-            n * (n + 1) / 2
-        }).sum();
+        let expected: usize = (0..10_000)
+            .map(|r| {
+                let n = 1 + r % 9;
+                n * (n + 1) / 2
+            })
+            .sum();
         assert_eq!(total.load(Ordering::Relaxed), expected);
     }
 

@@ -123,7 +123,9 @@ impl GgufFile {
             let name = cur.string("tensor name")?;
             let n_dims = cur.u32("tensor dims")?;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(Error::Corrupt(format!("tensor {name:?} has {n_dims} dimensions")));
+                return Err(Error::Corrupt(format!(
+                    "tensor {name:?} has {n_dims} dimensions"
+                )));
             }
             let mut shape = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
@@ -142,8 +144,10 @@ impl GgufFile {
             let n = shape
                 .iter()
                 .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| Error::Corrupt(format!("tensor {name:?} shape {shape:?} overflows")))?;
-            if shape[0] % dtype.block_size() as u64 != 0 {
+                .ok_or_else(|| {
+                    Error::Corrupt(format!("tensor {name:?} shape {shape:?} overflows"))
+                })?;
+            if !shape[0].is_multiple_of(dtype.block_size() as u64) {
                 return Err(Error::Corrupt(format!(
                     "tensor {name:?} row of {} is not a whole number of {dtype} blocks",
                     shape[0]
@@ -152,13 +156,15 @@ impl GgufFile {
             let n_bytes = dtype
                 .bytes_for(n)
                 .ok_or_else(|| Error::Corrupt(format!("tensor {name:?} size overflows")))?;
-            if rel % alignment != 0 {
-                return Err(Error::Corrupt(format!("tensor {name:?} offset {rel} is not aligned to {alignment}")));
+            if !rel.is_multiple_of(alignment) {
+                return Err(Error::Corrupt(format!(
+                    "tensor {name:?} offset {rel} is not aligned to {alignment}"
+                )));
             }
             let offset = data_start
                 .checked_add(rel)
                 .ok_or_else(|| Error::Corrupt(format!("tensor {name:?} offset overflows")))?;
-            let end = offset.checked_add(n_bytes).unwrap_or(u64::MAX);
+            let end = offset.saturating_add(n_bytes);
             if end > file_len {
                 return Err(Error::Truncated(format!(
                     "tensor {name:?} needs bytes {offset}..{end}, the file has {file_len}"
@@ -167,10 +173,22 @@ impl GgufFile {
             if index.insert(name.clone(), tensors.len()).is_some() {
                 return Err(Error::Corrupt(format!("tensor {name:?} appears twice")));
             }
-            tensors.push(TensorInfo { name, shape, dtype, offset, n_bytes });
+            tensors.push(TensorInfo {
+                name,
+                shape,
+                dtype,
+                offset,
+                n_bytes,
+            });
         }
 
-        Ok(Self { version, metadata, tensors, index, bytes })
+        Ok(Self {
+            version,
+            metadata,
+            tensors,
+            index,
+            bytes,
+        })
     }
 
     pub fn version(&self) -> u32 {
@@ -192,19 +210,28 @@ impl GgufFile {
     }
 
     pub fn get_str(&self, key: &str) -> Result<&str> {
-        self.get(key)?.as_str().ok_or_else(|| type_err(key, "string"))
+        self.get(key)?
+            .as_str()
+            .ok_or_else(|| type_err(key, "string"))
     }
 
     pub fn get_u64(&self, key: &str) -> Result<u64> {
-        self.get(key)?.as_u64().ok_or_else(|| type_err(key, "unsigned integer"))
+        self.get(key)?
+            .as_u64()
+            .ok_or_else(|| type_err(key, "unsigned integer"))
     }
 
     pub fn get_f32(&self, key: &str) -> Result<f32> {
-        self.get(key)?.as_f64().map(|v| v as f32).ok_or_else(|| type_err(key, "number"))
+        self.get(key)?
+            .as_f64()
+            .map(|v| v as f32)
+            .ok_or_else(|| type_err(key, "number"))
     }
 
     pub fn get_array(&self, key: &str) -> Result<&[MetaValue]> {
-        self.get(key)?.as_array().ok_or_else(|| type_err(key, "array"))
+        self.get(key)?
+            .as_array()
+            .ok_or_else(|| type_err(key, "array"))
     }
 
     /// An array of strings (e.g. `tokenizer.ggml.tokens`).
@@ -249,7 +276,10 @@ impl GgufFile {
 }
 
 fn type_err(key: &str, expected: &'static str) -> Error {
-    Error::MetadataType { key: key.to_owned(), expected }
+    Error::MetadataType {
+        key: key.to_owned(),
+        expected,
+    }
 }
 
 struct Cursor<'a> {

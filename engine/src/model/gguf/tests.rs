@@ -13,10 +13,24 @@ fn sample() -> GgufWriter {
         .meta("flag", MetaValue::Bool(true))
         .meta(
             "tokens",
-            MetaValue::Array(vec![MetaValue::String("a".into()), MetaValue::String("b".into())]),
+            MetaValue::Array(vec![
+                MetaValue::String("a".into()),
+                MetaValue::String("b".into()),
+            ]),
         )
-        .meta("types", MetaValue::Array(vec![MetaValue::I32(1), MetaValue::I32(3)]))
-        .tensor("norm", &[4], GgmlType::F32, [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect())
+        .meta(
+            "types",
+            MetaValue::Array(vec![MetaValue::I32(1), MetaValue::I32(3)]),
+        )
+        .tensor(
+            "norm",
+            &[4],
+            GgmlType::F32,
+            [1.0f32, 2.0, 3.0, 4.0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        )
         .tensor("w", &[32, 2], GgmlType::Q8_0, vec![7; 68]);
     w
 }
@@ -33,7 +47,10 @@ fn reads_metadata_and_tensors_v3_and_v2() {
         assert_eq!(f.get_str_array("tokens").unwrap(), vec!["a", "b"]);
         assert_eq!(f.get_i64_array("types").unwrap(), vec![1, 3]);
         let (info, bytes) = f.tensor("norm").unwrap();
-        assert_eq!((info.dtype, info.shape.as_slice()), (GgmlType::F32, &[4u64][..]));
+        assert_eq!(
+            (info.dtype, info.shape.as_slice()),
+            (GgmlType::F32, &[4u64][..])
+        );
         assert_eq!(&bytes[4..8], &2.0f32.to_le_bytes());
         let (info, bytes) = f.tensor("w").unwrap();
         assert_eq!((info.n_elements(), bytes.len()), (64, 68));
@@ -44,7 +61,10 @@ fn reads_metadata_and_tensors_v3_and_v2() {
 #[test]
 fn wrong_types_and_missing_keys_are_named() {
     let f = GgufFile::from_bytes(sample().to_bytes()).unwrap();
-    assert!(matches!(f.get_u64("general.architecture"), Err(Error::MetadataType { .. })));
+    assert!(matches!(
+        f.get_u64("general.architecture"),
+        Err(Error::MetadataType { .. })
+    ));
     assert!(matches!(f.get_str("nope"), Err(Error::MissingMetadata(k)) if k == "nope"));
     assert!(matches!(f.tensor("nope"), Err(Error::MissingTensor(_))));
 }
@@ -55,7 +75,10 @@ fn bad_magic_and_version() {
     b[..4].copy_from_slice(b"GGML");
     assert!(matches!(GgufFile::from_bytes(b), Err(Error::BadMagic(_))));
     let b = sample().version(1).to_bytes();
-    assert!(matches!(GgufFile::from_bytes(b), Err(Error::UnsupportedVersion(1))));
+    assert!(matches!(
+        GgufFile::from_bytes(b),
+        Err(Error::UnsupportedVersion(1))
+    ));
 }
 
 #[test]
@@ -63,7 +86,11 @@ fn every_truncation_is_an_error_not_a_panic() {
     let full = sample().to_bytes();
     for len in 0..full.len() {
         let r = GgufFile::from_bytes(full[..len].to_vec());
-        assert!(r.is_err(), "a file cut at {len} of {} bytes was accepted", full.len());
+        assert!(
+            r.is_err(),
+            "a file cut at {len} of {} bytes was accepted",
+            full.len()
+        );
     }
 }
 
@@ -76,7 +103,10 @@ fn unknown_tensor_type_is_named() {
     b[at..at + 4].copy_from_slice(&2u32.to_le_bytes()); // Q4_0: not supported
     let err = GgufFile::from_bytes(b).unwrap_err();
     assert!(matches!(err, Error::UnsupportedTensorType(2)), "{err}");
-    assert!(err.to_string().contains("Q4_1"), "the message lists what is supported: {err}");
+    assert!(
+        err.to_string().contains("Q4_1"),
+        "the message lists what is supported: {err}"
+    );
 }
 
 #[test]
@@ -109,7 +139,9 @@ fn fuzzed_bytes_never_panic() {
     for _ in 0..2000 {
         let mut b = full.clone();
         for _ in 0..4 {
-            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
             let i = (state >> 33) as usize % b.len();
             b[i] = (state >> 20) as u8;
         }
@@ -124,5 +156,7 @@ fn open_missing_file_names_the_fetch_command() {
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> usize {
-    hay.windows(needle.len()).position(|w| w == needle).expect("needle present")
+    hay.windows(needle.len())
+        .position(|w| w == needle)
+        .expect("needle present")
 }

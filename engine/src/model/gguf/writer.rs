@@ -19,7 +19,11 @@ impl Default for GgufWriter {
 
 impl GgufWriter {
     pub fn new() -> Self {
-        Self { version: 3, metadata: Vec::new(), tensors: Vec::new() }
+        Self {
+            version: 3,
+            metadata: Vec::new(),
+            tensors: Vec::new(),
+        }
     }
 
     pub fn version(mut self, version: u32) -> Self {
@@ -33,8 +37,15 @@ impl GgufWriter {
     }
 
     /// Adds a tensor; `shape[0]` is the row length (ggml order), `data` its stored bytes.
-    pub fn tensor(&mut self, name: &str, shape: &[u64], dtype: GgmlType, data: Vec<u8>) -> &mut Self {
-        self.tensors.push((name.to_owned(), shape.to_vec(), dtype, data));
+    pub fn tensor(
+        &mut self,
+        name: &str,
+        shape: &[u64],
+        dtype: GgmlType,
+        data: Vec<u8>,
+    ) -> &mut Self {
+        self.tensors
+            .push((name.to_owned(), shape.to_vec(), dtype, data));
         self
     }
 

@@ -23,7 +23,11 @@ pub struct ModelPart {
 
 impl ModelPart {
     pub fn full(n_layers: usize) -> Self {
-        Self { layers: 0..n_layers, embed: true, head: true }
+        Self {
+            layers: 0..n_layers,
+            embed: true,
+            head: true,
+        }
     }
 }
 
@@ -66,7 +70,9 @@ pub struct ForwardState<B: Backend> {
 
 impl<B: Backend> std::fmt::Debug for ForwardState<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ForwardState").field("kv", &self.kv_spec).finish()
+        f.debug_struct("ForwardState")
+            .field("kv", &self.kv_spec)
+            .finish()
     }
 }
 
@@ -89,7 +95,10 @@ pub struct Llama<B: Backend> {
 
 impl<B: Backend> std::fmt::Debug for Llama<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Llama").field("cfg", &self.cfg).field("part", &self.part).finish()
+        f.debug_struct("Llama")
+            .field("cfg", &self.cfg)
+            .field("part", &self.part)
+            .finish()
     }
 }
 
@@ -109,15 +118,26 @@ impl<B: Backend> Llama<B> {
             let info = gguf.tensor_info(name)?.clone();
             let expected: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
             if info.shape != expected {
-                return Err(Error::TensorShape { name: name.to_owned(), actual: info.shape, expected });
+                return Err(Error::TensorShape {
+                    name: name.to_owned(),
+                    actual: info.shape,
+                    expected,
+                });
             }
             if counted.insert(name.to_owned()) {
                 weight_bytes += info.n_bytes; // a tied tensor is mapped once
             }
-            backend.weight(&WeightSource { gguf: gguf.clone(), info })
+            backend.weight(&WeightSource {
+                gguf: gguf.clone(),
+                info,
+            })
         };
         let (d, kv, ff) = (cfg.d_model, cfg.kv_dim(), cfg.ffn_dim);
-        let embed = if part.embed { Some(load("token_embd.weight", &[d, cfg.vocab_size])?) } else { None };
+        let embed = if part.embed {
+            Some(load("token_embd.weight", &[d, cfg.vocab_size])?)
+        } else {
+            None
+        };
         let mut blocks = Vec::with_capacity(part.layers.len());
         for i in part.layers.clone() {
             let mut t = |n: &str, shape: &[usize]| load(&format!("blk.{i}.{n}.weight"), shape);
@@ -136,12 +156,27 @@ impl<B: Backend> Llama<B> {
         let head = if part.head {
             let norm = load("output_norm.weight", &[d])?;
             // SmolLM2 ties the output head to the token embeddings.
-            let name = if gguf.tensor_info("output.weight").is_ok() { "output.weight" } else { "token_embd.weight" };
-            Some(Head { norm, output: load(name, &[d, cfg.vocab_size])? })
+            let name = if gguf.tensor_info("output.weight").is_ok() {
+                "output.weight"
+            } else {
+                "token_embd.weight"
+            };
+            Some(Head {
+                norm,
+                output: load(name, &[d, cfg.vocab_size])?,
+            })
         } else {
             None
         };
-        Ok(Self { cfg, part, backend, embed, blocks, head, weight_bytes })
+        Ok(Self {
+            cfg,
+            part,
+            backend,
+            embed,
+            blocks,
+            head,
+            weight_bytes,
+        })
     }
 
     pub fn config(&self) -> &LlamaConfig {
@@ -163,8 +198,16 @@ impl<B: Backend> Llama<B> {
 
     /// A KV store with `n_blocks` blocks for this part's layers, and empty scratch.
     pub fn new_state(&self, n_blocks: usize) -> Result<ForwardState<B>> {
-        let kv_spec = KvSpec { n_layers: self.blocks.len(), n_blocks, kv_dim: self.cfg.kv_dim() };
-        Ok(ForwardState { kv: self.backend.alloc_kv(kv_spec)?, kv_spec, scratch: None })
+        let kv_spec = KvSpec {
+            n_layers: self.blocks.len(),
+            n_blocks,
+            kv_dim: self.cfg.kv_dim(),
+        };
+        Ok(ForwardState {
+            kv: self.backend.alloc_kv(kv_spec)?,
+            kv_spec,
+            scratch: None,
+        })
     }
 
     /// A buffer for `rows` rows of hidden state.
@@ -174,30 +217,70 @@ impl<B: Backend> Llama<B> {
 
     /// Token embeddings of `ids` into `hidden` (the first part only).
     pub fn embed(&self, ids: &[u32], hidden: &mut B::Buf) -> Result<()> {
-        let table = self.embed.as_ref().ok_or_else(|| Error::InvalidRequest("this model part has no embeddings".into()))?;
+        let table = self
+            .embed
+            .as_ref()
+            .ok_or_else(|| Error::InvalidRequest("this model part has no embeddings".into()))?;
         self.backend.embed(table, ids, hidden)
     }
 
     /// Runs this part's blocks over `rows` rows of `hidden`, in place. `seqs` says which rows
     /// belong to which sequence and at which positions; their block tables must cover them.
-    pub fn forward_blocks(&self, st: &mut ForwardState<B>, seqs: &[SeqRows<'_>], hidden: &mut B::Buf, rows: usize) {
+    pub fn forward_blocks(
+        &self,
+        st: &mut ForwardState<B>,
+        seqs: &[SeqRows<'_>],
+        hidden: &mut B::Buf,
+        rows: usize,
+    ) {
         let be = &*self.backend;
         let c = &self.cfg;
         let d = c.d_model;
-        let positions: Vec<u32> = seqs.iter().flat_map(|s| (s.pos..s.pos + s.len).map(|p| p as u32)).collect();
+        let positions: Vec<u32> = seqs
+            .iter()
+            .flat_map(|s| (s.pos..s.pos + s.len).map(|p| p as u32))
+            .collect();
         debug_assert_eq!(positions.len(), rows);
         let s = self.scratch(&mut st.scratch, rows);
-        let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim };
+        let shape = AttnShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+        };
         for (li, b) in self.blocks.iter().enumerate() {
             be.rms_norm(hidden, &b.attn_norm, c.rms_eps, rows, &mut s.xn);
-            be.matmul(&[&b.wq, &b.wk, &b.wv], &s.xn, rows, &mut [&mut s.q, &mut s.k, &mut s.v]);
-            be.rope(&mut s.q, &positions, c.n_heads, c.head_dim, c.rope_dims, c.rope_base);
-            be.rope(&mut s.k, &positions, c.n_kv_heads, c.head_dim, c.rope_dims, c.rope_base);
+            be.matmul(
+                &[&b.wq, &b.wk, &b.wv],
+                &s.xn,
+                rows,
+                &mut [&mut s.q, &mut s.k, &mut s.v],
+            );
+            be.rope(
+                &mut s.q,
+                &positions,
+                c.n_heads,
+                c.head_dim,
+                c.rope_dims,
+                c.rope_base,
+            );
+            be.rope(
+                &mut s.k,
+                &positions,
+                c.n_kv_heads,
+                c.head_dim,
+                c.rope_dims,
+                c.rope_base,
+            );
             be.attention(&mut st.kv, li, shape, seqs, &s.q, &s.k, &s.v, &mut s.att);
             be.matmul(&[&b.wo], &s.att, rows, &mut [&mut s.proj]);
             be.add_assign(hidden, &s.proj, rows * d);
             be.rms_norm(hidden, &b.ffn_norm, c.rms_eps, rows, &mut s.xn);
-            be.matmul(&[&b.w_gate, &b.w_up], &s.xn, rows, &mut [&mut s.gate, &mut s.up]);
+            be.matmul(
+                &[&b.w_gate, &b.w_up],
+                &s.xn,
+                rows,
+                &mut [&mut s.gate, &mut s.up],
+            );
             be.silu_mul(&mut s.gate, &s.up, rows * c.ffn_dim);
             be.matmul(&[&b.w_down], &s.gate, rows, &mut [&mut s.proj]);
             be.add_assign(hidden, &s.proj, rows * d);
@@ -206,7 +289,10 @@ impl<B: Backend> Llama<B> {
 
     /// Logits (`vocab_size` each, row-major) for the rows `emit` of `hidden` (the last part only).
     pub fn logits(&self, hidden: &B::Buf, emit: &[usize]) -> Result<Vec<f32>> {
-        let head = self.head.as_ref().ok_or_else(|| Error::InvalidRequest("this model part has no output head".into()))?;
+        let head = self
+            .head
+            .as_ref()
+            .ok_or_else(|| Error::InvalidRequest("this model part has no output head".into()))?;
         let be = &*self.backend;
         let (d, n) = (self.cfg.d_model, emit.len());
         let mut picked = be.alloc(n * d);
@@ -219,7 +305,13 @@ impl<B: Backend> Llama<B> {
     }
 
     /// The whole model in one call: embeddings, blocks and head, for a model holding all parts.
-    pub fn forward(&self, st: &mut ForwardState<B>, ids: &[u32], seqs: &[SeqRows<'_>], emit: &[usize]) -> Result<Vec<f32>> {
+    pub fn forward(
+        &self,
+        st: &mut ForwardState<B>,
+        ids: &[u32],
+        seqs: &[SeqRows<'_>],
+        emit: &[usize],
+    ) -> Result<Vec<f32>> {
         let mut hidden = self.alloc_hidden(ids.len());
         self.embed(ids, &mut hidden)?;
         self.forward_blocks(st, seqs, &mut hidden, ids.len());

@@ -18,18 +18,27 @@ fn dense(g: &GgufFile, name: &str) -> Vec<f32> {
     let row_bytes = bytes.len() / rows;
     let mut out = vec![0.0; rows * cols];
     for r in 0..rows {
-        dequantize_row(info.dtype, &bytes[r * row_bytes..(r + 1) * row_bytes], &mut out[r * cols..(r + 1) * cols]);
+        dequantize_row(
+            info.dtype,
+            &bytes[r * row_bytes..(r + 1) * row_bytes],
+            &mut out[r * cols..(r + 1) * cols],
+        );
     }
     out
 }
 
 fn mv(w: &[f32], x: &[f32]) -> Vec<f32> {
-    w.chunks_exact(x.len()).map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum()).collect()
+    w.chunks_exact(x.len())
+        .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
 }
 
 fn norm(x: &[f32], w: &[f32]) -> Vec<f32> {
     let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    x.iter().zip(w).map(|(v, g)| v / (ms + 1e-5).sqrt() * g).collect()
+    x.iter()
+        .zip(w)
+        .map(|(v, g)| v / (ms + 1e-5).sqrt() * g)
+        .collect()
 }
 
 fn rope(x: &mut [f32], pos: usize, hd: usize) {
@@ -57,7 +66,11 @@ fn reference_logits(g: &GgufFile, ids: &[u32]) -> Vec<Vec<f32>> {
         for l in 0..t.layers {
             let w = |n: &str| dense(g, &format!("blk.{l}.{n}.weight"));
             let xn = norm(&x, &w("attn_norm"));
-            let (mut q, mut k, v) = (mv(&w("attn_q"), &xn), mv(&w("attn_k"), &xn), mv(&w("attn_v"), &xn));
+            let (mut q, mut k, v) = (
+                mv(&w("attn_q"), &xn),
+                mv(&w("attn_k"), &xn),
+                mv(&w("attn_v"), &xn),
+            );
             rope(&mut q, pos, hd);
             rope(&mut k, pos, hd);
             keys[l].push(k);
@@ -68,7 +81,13 @@ fn reference_logits(g: &GgufFile, ids: &[u32]) -> Vec<Vec<f32>> {
                 let qh = &q[h * hd..(h + 1) * hd];
                 let s: Vec<f32> = keys[l]
                     .iter()
-                    .map(|k| qh.iter().zip(&k[kvh * hd..]).map(|(a, b)| a * b).sum::<f32>() / (hd as f32).sqrt())
+                    .map(|k| {
+                        qh.iter()
+                            .zip(&k[kvh * hd..])
+                            .map(|(a, b)| a * b)
+                            .sum::<f32>()
+                            / (hd as f32).sqrt()
+                    })
                     .collect();
                 let m = s.iter().cloned().fold(f32::MIN, f32::max);
                 let z: f32 = s.iter().map(|v| (v - m).exp()).sum();
@@ -78,11 +97,19 @@ fn reference_logits(g: &GgufFile, ids: &[u32]) -> Vec<Vec<f32>> {
                     }
                 }
             }
-            x.iter_mut().zip(mv(&w("attn_output"), &att)).for_each(|(a, b)| *a += b);
+            x.iter_mut()
+                .zip(mv(&w("attn_output"), &att))
+                .for_each(|(a, b)| *a += b);
             let xn = norm(&x, &w("ffn_norm"));
             let (gate, up) = (mv(&w("ffn_gate"), &xn), mv(&w("ffn_up"), &xn));
-            let act: Vec<f32> = gate.iter().zip(&up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
-            x.iter_mut().zip(mv(&w("ffn_down"), &act)).for_each(|(a, b)| *a += b);
+            let act: Vec<f32> = gate
+                .iter()
+                .zip(&up)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            x.iter_mut()
+                .zip(mv(&w("ffn_down"), &act))
+                .for_each(|(a, b)| *a += b);
         }
         out.push(mv(&emb, &norm(&x, &dense(g, "output_norm.weight"))));
     }
@@ -91,21 +118,34 @@ fn reference_logits(g: &GgufFile, ids: &[u32]) -> Vec<Vec<f32>> {
 
 fn load(threads: usize) -> (Arc<GgufFile>, Llama<CpuBackend>) {
     let g = Arc::new(tiny_gguf(11));
-    let m = Llama::load(g.clone(), Arc::new(CpuBackend::new(threads)), ModelPart::full(TINY.layers)).unwrap();
+    let m = Llama::load(
+        g.clone(),
+        Arc::new(CpuBackend::new(threads)),
+        ModelPart::full(TINY.layers),
+    )
+    .unwrap();
     (g, m)
 }
 
 fn ids(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 37 + salt * 101 + 5) % TINY.vocab as u32).collect()
+    (0..n as u32)
+        .map(|i| (i * 37 + salt * 101 + 5) % TINY.vocab as u32)
+        .collect()
 }
 
 fn blocks(first: u32, n_tokens: usize) -> Vec<u32> {
     // Deliberately non-contiguous and out of order.
-    (0..n_tokens.div_ceil(BLOCK_SIZE) as u32).map(|i| first + 3 * i).rev().collect()
+    (0..n_tokens.div_ceil(BLOCK_SIZE) as u32)
+        .map(|i| first + 3 * i)
+        .rev()
+        .collect()
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -115,15 +155,33 @@ fn prefill_matches_the_f32_reference() {
     let want = reference_logits(&g, &toks);
     let bl = blocks(2, toks.len());
     let mut st = model.new_state(64).unwrap();
-    let seq = SeqRows { start: 0, len: toks.len(), pos: 0, blocks: &bl };
+    let seq = SeqRows {
+        start: 0,
+        len: toks.len(),
+        pos: 0,
+        blocks: &bl,
+    };
     let rows: Vec<usize> = (0..toks.len()).collect();
     let got = model.forward(&mut st, &toks, &[seq], &rows).unwrap();
     for (i, w) in want.iter().enumerate() {
         let g = &got[i * TINY.vocab..(i + 1) * TINY.vocab];
         let scale = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         // 8-bit activations cost about 1% of the logit range; layout bugs cost all of it.
-        assert!(max_diff(g, w) < 0.03 * scale, "position {i}: max diff {} of {scale}", max_diff(g, w));
-        assert_eq!(crate::generate::argmax(g), crate::generate::argmax(w), "position {i}");
+        assert!(
+            max_diff(g, w) < 0.03 * scale,
+            "position {i}: max diff {} of {scale}",
+            max_diff(g, w)
+        );
+        // Where the reference's top-1 leads clearly, the engine picks the same token.
+        let top = crate::generate::argmax(w) as usize;
+        let runner_up = w
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != top)
+            .fold(f32::MIN, |m, (_, &v)| m.max(v));
+        if w[top] - runner_up > 0.05 * scale {
+            assert_eq!(crate::generate::argmax(g) as usize, top, "position {i}");
+        }
     }
 }
 
@@ -134,14 +192,53 @@ fn incremental_decode_equals_prefill() {
     let bl = blocks(0, toks.len());
     let mut full = model.new_state(64).unwrap();
     let rows: Vec<usize> = (0..toks.len()).collect();
-    let want = model.forward(&mut full, &toks, &[SeqRows { start: 0, len: toks.len(), pos: 0, blocks: &bl }], &rows).unwrap();
+    let want = model
+        .forward(
+            &mut full,
+            &toks,
+            &[SeqRows {
+                start: 0,
+                len: toks.len(),
+                pos: 0,
+                blocks: &bl,
+            }],
+            &rows,
+        )
+        .unwrap();
     let mut st = model.new_state(64).unwrap();
     // A 20-token chunk, then one token at a time.
-    let first = model.forward(&mut st, &toks[..20], &[SeqRows { start: 0, len: 20, pos: 0, blocks: &bl }], &[19]).unwrap();
+    let first = model
+        .forward(
+            &mut st,
+            &toks[..20],
+            &[SeqRows {
+                start: 0,
+                len: 20,
+                pos: 0,
+                blocks: &bl,
+            }],
+            &[19],
+        )
+        .unwrap();
     assert!(max_diff(&first, &want[19 * TINY.vocab..20 * TINY.vocab]) < 1e-4);
     for p in 20..toks.len() {
-        let l = model.forward(&mut st, &toks[p..=p], &[SeqRows { start: 0, len: 1, pos: p, blocks: &bl }], &[0]).unwrap();
-        assert!(max_diff(&l, &want[p * TINY.vocab..(p + 1) * TINY.vocab]) < 1e-4, "position {p}");
+        let l = model
+            .forward(
+                &mut st,
+                &toks[p..=p],
+                &[SeqRows {
+                    start: 0,
+                    len: 1,
+                    pos: p,
+                    blocks: &bl,
+                }],
+                &[0],
+            )
+            .unwrap();
+        assert!(
+            max_diff(&l, &want[p * TINY.vocab..(p + 1) * TINY.vocab]) < 1e-4,
+            "position {p}"
+        );
     }
 }
 
@@ -154,7 +251,21 @@ fn a_batch_of_sequences_equals_each_alone() {
     let mut alone = Vec::new();
     for (t, bl) in seqs_toks.iter().zip(&tables) {
         let mut st = model.new_state(16).unwrap();
-        alone.push(model.forward(&mut st, t, &[SeqRows { start: 0, len: t.len(), pos: 0, blocks: bl }], &[t.len() - 1]).unwrap());
+        alone.push(
+            model
+                .forward(
+                    &mut st,
+                    t,
+                    &[SeqRows {
+                        start: 0,
+                        len: t.len(),
+                        pos: 0,
+                        blocks: bl,
+                    }],
+                    &[t.len() - 1],
+                )
+                .unwrap(),
+        );
     }
     // Together, in one forward pass sharing one KV store.
     let mut st = model.new_state(16).unwrap();
@@ -163,13 +274,21 @@ fn a_batch_of_sequences_equals_each_alone() {
     let mut seqs = Vec::new();
     let mut emit = Vec::new();
     for (t, bl) in seqs_toks.iter().zip(&tables) {
-        seqs.push(SeqRows { start, len: t.len(), pos: 0, blocks: bl });
+        seqs.push(SeqRows {
+            start,
+            len: t.len(),
+            pos: 0,
+            blocks: bl,
+        });
         start += t.len();
         emit.push(start - 1);
     }
     let got = model.forward(&mut st, &all, &seqs, &emit).unwrap();
     for (i, a) in alone.iter().enumerate() {
-        assert!(max_diff(a, &got[i * TINY.vocab..(i + 1) * TINY.vocab]) < 1e-4, "sequence {i}");
+        assert!(
+            max_diff(a, &got[i * TINY.vocab..(i + 1) * TINY.vocab]) < 1e-4,
+            "sequence {i}"
+        );
     }
 }
 
@@ -177,26 +296,67 @@ fn a_batch_of_sequences_equals_each_alone() {
 fn model_parts_chained_equal_the_whole() {
     let (g, whole) = load(1);
     let be = whole.backend().clone();
-    let first = Llama::load(g.clone(), be.clone(), ModelPart { layers: 0..1, embed: true, head: false }).unwrap();
-    let last = Llama::load(g, be, ModelPart { layers: 1..2, embed: false, head: true }).unwrap();
-    assert!(first.weight_bytes() + last.weight_bytes() > whole.weight_bytes(), "the tied head is loaded by both ends");
+    let first = Llama::load(
+        g.clone(),
+        be.clone(),
+        ModelPart {
+            layers: 0..1,
+            embed: true,
+            head: false,
+        },
+    )
+    .unwrap();
+    let last = Llama::load(
+        g,
+        be,
+        ModelPart {
+            layers: 1..2,
+            embed: false,
+            head: true,
+        },
+    )
+    .unwrap();
+    assert!(
+        first.weight_bytes() + last.weight_bytes() > whole.weight_bytes(),
+        "the tied head is loaded by both ends"
+    );
     let toks = ids(12, 6);
     let bl = blocks(0, 12);
-    let seq = [SeqRows { start: 0, len: 12, pos: 0, blocks: &bl }];
-    let want = whole.forward(&mut whole.new_state(8).unwrap(), &toks, &seq, &[11]).unwrap();
+    let seq = [SeqRows {
+        start: 0,
+        len: 12,
+        pos: 0,
+        blocks: &bl,
+    }];
+    let want = whole
+        .forward(&mut whole.new_state(8).unwrap(), &toks, &seq, &[11])
+        .unwrap();
     let mut h = first.alloc_hidden(12);
     first.embed(&toks, &mut h).unwrap();
     first.forward_blocks(&mut first.new_state(8).unwrap(), &seq, &mut h, 12);
     last.forward_blocks(&mut last.new_state(8).unwrap(), &seq, &mut h, 12);
     let got = last.logits(&h, &[11]).unwrap();
     assert!(max_diff(&want, &got) < 1e-5);
-    assert!(last.embed(&toks, &mut h).is_err(), "the last part has no embeddings");
+    assert!(
+        last.embed(&toks, &mut h).is_err(),
+        "the last part has no embeddings"
+    );
 }
 
 #[test]
 fn out_of_vocabulary_ids_are_an_error() {
     let (_, model) = load(1);
     let bl = blocks(0, 1);
-    let r = model.forward(&mut model.new_state(4).unwrap(), &[TINY.vocab as u32], &[SeqRows { start: 0, len: 1, pos: 0, blocks: &bl }], &[0]);
+    let r = model.forward(
+        &mut model.new_state(4).unwrap(),
+        &[TINY.vocab as u32],
+        &[SeqRows {
+            start: 0,
+            len: 1,
+            pos: 0,
+            blocks: &bl,
+        }],
+        &[0],
+    );
     assert!(r.is_err());
 }

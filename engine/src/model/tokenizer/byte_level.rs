@@ -4,6 +4,7 @@
 use std::sync::OnceLock;
 
 /// Byte `b`'s stand-in character (GPT-2's `bytes_to_unicode`).
+#[cfg(test)]
 pub(crate) fn byte_to_char(b: u8) -> char {
     table().0[usize::from(b)]
 }

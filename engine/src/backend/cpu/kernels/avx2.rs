@@ -27,7 +27,7 @@ pub(super) unsafe fn tile(
     out: &mut [f32],
 ) {
     let nb = cols / QK;
-    assert!(cols % QK == 0 && row_bytes == nb * dtype.type_size());
+    assert!(cols.is_multiple_of(QK) && row_bytes == nb * dtype.type_size());
     assert!(w.len() >= nr * row_bytes && xq.len() >= c * cols && xds.len() >= c * 2 * nb);
     assert!(out.len() >= nr * c);
     let (w, xq, xds) = (w.as_ptr(), xq.as_ptr(), xds.as_ptr());
@@ -99,7 +99,11 @@ unsafe fn q4_1_tile<const R: usize, const C: usize>(
             // SAFETY: activation row `ci` holds block `b` and its two scales.
             let (xv, dx, sx) = unsafe {
                 let sp = xds.add(ci * 2 * nb + 2 * b);
-                (_mm256_loadu_si256(xq.add(ci * cols + b * QK) as *const __m256i), *sp, *sp.add(1))
+                (
+                    _mm256_loadu_si256(xq.add(ci * cols + b * QK) as *const __m256i),
+                    *sp,
+                    *sp.add(1),
+                )
             };
             for r in 0..R {
                 let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[r], xv), ones);
@@ -109,9 +113,9 @@ unsafe fn q4_1_tile<const R: usize, const C: usize>(
             }
         }
     }
-    for ci in 0..C {
+    for (ci, (acc_c, macc_c)) in acc.iter().zip(&macc).enumerate() {
         for r in 0..R {
-            out[ci * R + r] = hsum(acc[ci][r]) + macc[ci][r];
+            out[ci * R + r] = hsum(acc_c[r]) + macc_c[r];
         }
     }
 }
@@ -146,7 +150,7 @@ unsafe fn q8_0_tile<const R: usize, const C: usize>(
                 dw[r] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
             }
         }
-        for ci in 0..C {
+        for (ci, acc_c) in acc.iter_mut().enumerate() {
             // SAFETY: activation row `ci` holds block `b` and its scale.
             let (xv, dx) = unsafe {
                 (
@@ -159,13 +163,13 @@ unsafe fn q8_0_tile<const R: usize, const C: usize>(
                 let sx = _mm256_sign_epi8(xv, wv[r]);
                 let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], sx), ones);
                 let scale = _mm256_set1_ps(dw[r] * dx);
-                acc[ci][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[ci][r]);
+                acc_c[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc_c[r]);
             }
         }
     }
-    for ci in 0..C {
+    for (ci, acc_c) in acc.iter().enumerate() {
         for r in 0..R {
-            out[ci * R + r] = hsum(acc[ci][r]);
+            out[ci * R + r] = hsum(acc_c[r]);
         }
     }
 }

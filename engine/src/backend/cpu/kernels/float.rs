@@ -105,13 +105,22 @@ mod x86 {
         // tail uses a masked load that touches only the first `n - k` lanes.
         while k + 32 <= n {
             unsafe {
-                acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(k)), _mm512_loadu_ps(pb.add(k)), acc0);
-                acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(k + 16)), _mm512_loadu_ps(pb.add(k + 16)), acc1);
+                acc0 =
+                    _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(k)), _mm512_loadu_ps(pb.add(k)), acc0);
+                acc1 = _mm512_fmadd_ps(
+                    _mm512_loadu_ps(pa.add(k + 16)),
+                    _mm512_loadu_ps(pb.add(k + 16)),
+                    acc1,
+                );
             }
             k += 32;
         }
         while k < n {
-            let mask: __mmask16 = if n - k >= 16 { 0xFFFF } else { (1u16 << (n - k)) - 1 };
+            let mask: __mmask16 = if n - k >= 16 {
+                0xFFFF
+            } else {
+                (1u16 << (n - k)) - 1
+            };
             unsafe {
                 let va = _mm512_maskz_loadu_ps(mask, pa.add(k));
                 let vb = _mm512_maskz_loadu_ps(mask, pb.add(k));
@@ -131,7 +140,11 @@ mod x86 {
         let av = _mm512_set1_ps(a);
         let mut k = 0;
         while k < n {
-            let mask: __mmask16 = if n - k >= 16 { 0xFFFF } else { (1u16 << (n - k)) - 1 };
+            let mask: __mmask16 = if n - k >= 16 {
+                0xFFFF
+            } else {
+                (1u16 << (n - k)) - 1
+            };
             // SAFETY: the masked loads/stores touch only lanes below `n`, the common length.
             unsafe {
                 let vx = _mm512_maskz_loadu_ps(mask, px.add(k));
@@ -162,14 +175,20 @@ mod x86 {
         // SAFETY (loads below): `k + 16 <= n` / `k + 8 <= n`, within both slices.
         while k + 16 <= n {
             unsafe {
-                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k)), _mm256_loadu_ps(pb.add(k)), acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k + 8)), _mm256_loadu_ps(pb.add(k + 8)), acc1);
+                acc0 =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k)), _mm256_loadu_ps(pb.add(k)), acc0);
+                acc1 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(pa.add(k + 8)),
+                    _mm256_loadu_ps(pb.add(k + 8)),
+                    acc1,
+                );
             }
             k += 16;
         }
         while k + 8 <= n {
             unsafe {
-                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k)), _mm256_loadu_ps(pb.add(k)), acc0);
+                acc0 =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k)), _mm256_loadu_ps(pb.add(k)), acc0);
             }
             k += 8;
         }
@@ -212,7 +231,11 @@ mod x86 {
         let mut acc = _mm512_setzero_ps();
         let mut k = 0;
         while k < n {
-            let mask: __mmask16 = if n - k >= 16 { 0xFFFF } else { (1u16 << (n - k)) - 1 };
+            let mask: __mmask16 = if n - k >= 16 {
+                0xFFFF
+            } else {
+                (1u16 << (n - k)) - 1
+            };
             // SAFETY: the masked loads touch only elements below `n`, which `w` and `x` hold.
             unsafe {
                 let vx = _mm512_maskz_loadu_ps(mask, px.add(k));

@@ -29,6 +29,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod float;
+#[cfg(target_arch = "x86_64")]
+mod packed;
 mod quant;
 mod scalar;
 #[cfg(test)]
@@ -49,7 +51,7 @@ pub struct QMatrix<'a> {
 impl<'a> QMatrix<'a> {
     /// Checks that cols is a multiple of the block size and data.len() == rows * row_bytes.
     pub fn new(dtype: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self> {
-        if cols % dtype.block_size() != 0 {
+        if !cols.is_multiple_of(dtype.block_size()) {
             return Err(Error::Corrupt(format!(
                 "{dtype} matrix has {cols} columns, not a multiple of its block size {}",
                 dtype.block_size()
@@ -64,7 +66,12 @@ impl<'a> QMatrix<'a> {
                 data.len()
             )));
         }
-        Ok(QMatrix { dtype, rows, cols, data })
+        Ok(QMatrix {
+            dtype,
+            rows,
+            cols,
+            data,
+        })
     }
 
     /// Bytes of one stored row.
@@ -201,7 +208,7 @@ pub fn matmul_multi(pool: &ThreadPool, ws: &[QMatrix], x: &[f32], m: usize, ys: 
 
 /// A raw output pointer shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
 // SAFETY: every task writes a disjoint set of elements (its own rows × tokens), and the
 // dispatching call holds the unique borrow of the buffer until all tasks are done.
 unsafe impl Send for OutPtr {}
@@ -227,41 +234,86 @@ pub fn matmul_multi_with(
     m: usize,
     ys: &mut [&mut [f32]],
 ) {
-    assert_eq!(ws.len(), ys.len(), "matmul_multi: {} weights but {} outputs", ws.len(), ys.len());
+    assert_eq!(
+        ws.len(),
+        ys.len(),
+        "matmul_multi: {} weights but {} outputs",
+        ws.len(),
+        ys.len()
+    );
     if ws.is_empty() || m == 0 {
         return;
     }
     let level = level.clamp();
     let cols = ws[0].cols;
     for (w, y) in ws.iter().zip(ys.iter()) {
-        assert_eq!(w.cols, cols, "matmul_multi: all weights must share the input width");
-        assert!(y.len() >= m * w.rows, "matmul: output has {} elements, need {}", y.len(), m * w.rows);
+        assert_eq!(
+            w.cols, cols,
+            "matmul_multi: all weights must share the input width"
+        );
+        assert!(
+            y.len() >= m * w.rows,
+            "matmul: output has {} elements, need {}",
+            y.len(),
+            m * w.rows
+        );
         debug_assert_eq!(w.data.len(), w.rows * w.row_bytes());
     }
-    assert!(x.len() >= m * cols, "matmul: input has {} elements, need {}", x.len(), m * cols);
+    assert!(
+        x.len() >= m * cols,
+        "matmul: input has {} elements, need {}",
+        x.len(),
+        m * cols
+    );
     let x = &x[..m * cols];
 
-    let mut acts = if ws.iter().any(QMatrix::is_quantized) {
+    let quantized = ws.iter().any(QMatrix::is_quantized);
+    let use_packed =
+        cfg!(target_arch = "x86_64") && level == SimdLevel::Avx512 && m >= PACKED_MIN_M;
+    let mut acts = if quantized {
         let mut a = quant::take_scratch();
         a.reset(m, cols);
-        quantize_parallel(level, pool, x, &mut a);
+        quantize_parallel(level, pool, x, &mut a, use_packed);
         Some(a)
     } else {
         None
     };
+    #[cfg(target_arch = "x86_64")]
+    let pplan = packed::Plan::new(cols / 32);
 
     // Task shape: chunks of output rows × chunks of tokens, enough tasks to balance threads.
-    let tok_chunk = if m <= 8 { m } else { 64 };
-    let tok_chunks = m.div_ceil(tok_chunk);
     let total_rows: usize = ws.iter().map(|w| w.rows).sum();
     let want_tasks = 16 * pool.n_threads();
-    let per_task = total_rows * tok_chunks / want_tasks.max(1);
-    let row_chunk = if m > 8 { 16 } else { per_task.clamp(16, 1024).next_multiple_of(4) };
+    let (row_chunk, tok_chunk) = if use_packed {
+        // Weights are repacked per task, so give each task many tokens.
+        let row_tasks = ws
+            .iter()
+            .map(|w| w.rows.div_ceil(PACKED_ROWS))
+            .sum::<usize>();
+        let tok_chunks = (want_tasks / 2)
+            .div_ceil(row_tasks)
+            .min(m.div_ceil(PACKED_MIN_M));
+        (PACKED_ROWS, m.div_ceil(tok_chunks).next_multiple_of(4))
+    } else if m > 8 {
+        (16, 64)
+    } else {
+        (
+            (total_rows / want_tasks)
+                .clamp(16, 1024)
+                .next_multiple_of(4),
+            m,
+        )
+    };
+    let tok_chunks = m.div_ceil(tok_chunk);
     let mut plans = Vec::with_capacity(ws.len());
     let mut n_tasks = 0;
     for w in ws {
         let row_chunks = w.rows.div_ceil(row_chunk);
-        plans.push(Plan { first_task: n_tasks, row_chunk, row_chunks });
+        plans.push(Plan {
+            first_task: n_tasks,
+            row_chunk,
+            row_chunks,
+        });
         n_tasks += row_chunks * tok_chunks;
     }
     let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
@@ -275,6 +327,10 @@ pub fn matmul_multi_with(
         let rows = rc * plan.row_chunk..((rc + 1) * plan.row_chunk).min(w.rows);
         let toks = tc * tok_chunk..((tc + 1) * tok_chunk).min(m);
         match acts_ref {
+            #[cfg(target_arch = "x86_64")]
+            Some(a) if w.is_quantized() && use_packed => {
+                packed::packed_block(&pplan, w, a, rows, toks, outs[j])
+            }
             Some(a) if w.is_quantized() => quant_block(level, w, a, rows, toks, outs[j]),
             _ => float::float_block(level, w, x, rows, toks, outs[j].0),
         }
@@ -286,29 +342,73 @@ pub fn matmul_multi_with(
     }
 }
 
-/// Quantizes the activations, in parallel when there are many rows.
-fn quantize_parallel(level: SimdLevel, pool: &ThreadPool, x: &[f32], acts: &mut QActs) {
+/// Quantizes the activations (and packs them when `pack`), in parallel when there are many.
+fn quantize_parallel(level: SimdLevel, pool: &ThreadPool, x: &[f32], acts: &mut QActs, pack: bool) {
     let (m, cols, nb) = (acts.m, acts.cols, acts.nb);
-    if pool.n_threads() == 1 || m * cols < 32 * 1024 {
-        quant::quantize_rows(level, x, &mut acts.qs, &mut acts.ds, cols);
-        return;
-    }
-    let k = QUANT_ROWS_PER_TASK;
-    let parts: Vec<Mutex<(&[f32], &mut [i8], &mut [f32])>> = x
+    #[cfg(target_arch = "x86_64")]
+    let plan = pack.then(|| packed::Plan::new(nb));
+    #[cfg(target_arch = "x86_64")]
+    let rl = plan.as_ref().map_or(0, |p| p.row_lines);
+    #[cfg(not(target_arch = "x86_64"))]
+    let rl = 0;
+    let _ = pack;
+    acts.packed_row_lines = rl;
+    #[cfg(target_arch = "x86_64")]
+    acts.packed.resize(m * rl, packed::Line::default());
+    let k = if pool.n_threads() == 1 || m * cols < 32 * 1024 {
+        m
+    } else {
+        QUANT_ROWS_PER_TASK
+    };
+    #[cfg(target_arch = "x86_64")]
+    let mut lines = acts.packed.chunks_mut((k * rl).max(1));
+    let parts: Vec<Mutex<QuantPart>> = x
         .chunks(k * cols)
         .zip(acts.qs.chunks_mut(k * cols))
         .zip(acts.ds.chunks_mut(k * 2 * nb))
-        .map(|((x, q), d)| Mutex::new((x, q, d)))
+        .map(|((x, qs), ds)| {
+            Mutex::new(QuantPart {
+                x,
+                qs,
+                ds,
+                #[cfg(target_arch = "x86_64")]
+                lines: if rl > 0 { lines.next() } else { None },
+            })
+        })
         .collect();
-    pool.run(parts.len(), &|t| {
+    let work = |t: usize| {
         let mut g = parts[t].lock().unwrap_or_else(|e| e.into_inner());
-        let (x, q, d) = &mut *g;
-        quant::quantize_rows(level, x, q, d, cols);
-    });
+        let p = &mut *g;
+        quant::quantize_rows(level, p.x, p.qs, p.ds, cols);
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(plan), Some(lines)) = (&plan, p.lines.as_deref_mut()) {
+            // SAFETY: packing is only requested at the AVX-512 level, which the caller clamped
+            // to the detected one.
+            unsafe { packed::pack_acts(plan, p.qs, p.ds, cols, lines) };
+        }
+    };
+    if parts.len() == 1 {
+        work(0);
+    } else {
+        pool.run(parts.len(), &work);
+    }
+}
+
+/// One parallel share of the activation rows.
+struct QuantPart<'a> {
+    x: &'a [f32],
+    qs: &'a mut [i8],
+    ds: &'a mut [f32],
+    #[cfg(target_arch = "x86_64")]
+    lines: Option<&'a mut [packed::Line]>,
 }
 
 /// Weight rows per tile (the main tile; leftovers run one row at a time).
 const TILE_R: usize = 4;
+/// Smallest batch that uses the packed layout (below it, repacking weights costs too much).
+const PACKED_MIN_M: usize = 16;
+/// Weight rows per task on the packed path (repacked into a per-thread buffer).
+pub(crate) const PACKED_ROWS: usize = 16;
 
 /// Computes the outputs of quantized weight `w` for `rows` × `toks` and stores them at `out`.
 fn quant_block(

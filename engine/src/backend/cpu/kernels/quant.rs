@@ -20,17 +20,26 @@ pub(crate) struct QActs {
     pub qs: Vec<i8>,
     /// `m * nb` pairs `(d, s)`.
     pub ds: Vec<f32>,
+    /// The same rows in the packed layout (only filled for the packed AVX-512 path).
+    #[cfg(target_arch = "x86_64")]
+    pub packed: Vec<super::packed::Line>,
+    /// Lines per packed row (0 when not packed).
+    pub packed_row_lines: usize,
 }
 
 impl QActs {
     /// Sizes the buffers for `m` rows of `cols` (a multiple of 32).
     pub fn reset(&mut self, m: usize, cols: usize) {
-        assert!(cols % 32 == 0, "quantized matmul needs a multiple of 32 columns, got {cols}");
+        assert!(
+            cols.is_multiple_of(32),
+            "quantized matmul needs a multiple of 32 columns, got {cols}"
+        );
         self.m = m;
         self.cols = cols;
         self.nb = cols / 32;
         self.qs.resize(m * cols, 0);
         self.ds.resize(m * self.nb * 2, 0.0);
+        self.packed_row_lines = 0;
     }
 }
 
@@ -49,9 +58,15 @@ pub(crate) fn put_scratch(a: QActs) {
 }
 
 /// Quantizes whole rows of `cols` values: `x.len() / cols` rows into `qs` and `ds`.
-pub(crate) fn quantize_rows(level: SimdLevel, x: &[f32], qs: &mut [i8], ds: &mut [f32], cols: usize) {
+pub(crate) fn quantize_rows(
+    level: SimdLevel,
+    x: &[f32],
+    qs: &mut [i8],
+    ds: &mut [f32],
+    cols: usize,
+) {
     let nb = x.len() / 32;
-    assert!(x.len() % cols == 0 && cols % 32 == 0);
+    assert!(x.len().is_multiple_of(cols) && cols.is_multiple_of(32));
     assert!(qs.len() >= x.len() && ds.len() >= 2 * nb);
     match level {
         #[cfg(target_arch = "x86_64")]
@@ -110,11 +125,20 @@ unsafe fn quantize_avx512(x: &[f32], qs: &mut [i8], ds: &mut [f32]) {
             let idv = _mm512_set1_ps(id);
             let lim = _mm512_set1_epi32(127);
             let nlim = _mm512_set1_epi32(-127);
-            let q0 = _mm512_max_epi32(nlim, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(v0, idv))));
-            let q1 = _mm512_max_epi32(nlim, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(v1, idv))));
+            let q0 = _mm512_max_epi32(
+                nlim,
+                _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(v0, idv))),
+            );
+            let q1 = _mm512_max_epi32(
+                nlim,
+                _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(v1, idv))),
+            );
             let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
             _mm_storeu_si128(qp.add(32 * b) as *mut __m128i, _mm512_cvtepi32_epi8(q0));
-            _mm_storeu_si128(qp.add(32 * b + 16) as *mut __m128i, _mm512_cvtepi32_epi8(q1));
+            _mm_storeu_si128(
+                qp.add(32 * b + 16) as *mut __m128i,
+                _mm512_cvtepi32_epi8(q1),
+            );
             ds[2 * b] = d;
             ds[2 * b + 1] = d * sum as f32;
         }

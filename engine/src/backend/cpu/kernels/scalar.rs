@@ -18,8 +18,15 @@ pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
 pub(super) fn dequantize_row(dtype: GgmlType, src: &[u8], dst: &mut [f32]) {
     let n = dst.len();
     let need = n / dtype.block_size() * dtype.type_size();
-    assert!(n % dtype.block_size() == 0, "dequantize_row: {n} is not a whole number of {dtype} blocks");
-    assert!(src.len() >= need, "dequantize_row: {} bytes for {n} {dtype} elements", src.len());
+    assert!(
+        n.is_multiple_of(dtype.block_size()),
+        "dequantize_row: {n} is not a whole number of {dtype} blocks"
+    );
+    assert!(
+        src.len() >= need,
+        "dequantize_row: {} bytes for {n} {dtype} elements",
+        src.len()
+    );
     match dtype {
         GgmlType::F32 => {
             for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
@@ -76,7 +83,11 @@ fn dot_row(dtype: GgmlType, w: &[u8], xq: &[i8], xds: &[f32]) -> f32 {
         GgmlType::Q8_0 => {
             for (b, blk) in w.chunks_exact(Q8_0_BYTES).enumerate() {
                 let x = &xq[b * QK..(b + 1) * QK];
-                let dot: i32 = blk[2..].iter().zip(x).map(|(&q, &v)| (q as i8) as i32 * v as i32).sum();
+                let dot: i32 = blk[2..]
+                    .iter()
+                    .zip(x)
+                    .map(|(&q, &v)| (q as i8) as i32 * v as i32)
+                    .sum();
                 acc += f16_at(blk, 0) * xds[2 * b] * dot as f32;
             }
         }

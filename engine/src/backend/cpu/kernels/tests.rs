@@ -66,7 +66,11 @@ fn reference(w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
         dequantize_row(w.dtype, w.row(r), &mut row);
         for i in 0..m {
             let xi = &x[i * w.cols..(i + 1) * w.cols];
-            y[i * w.rows + r] = row.iter().zip(xi).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32;
+            y[i * w.rows + r] = row
+                .iter()
+                .zip(xi)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum::<f64>() as f32;
         }
     }
     y
@@ -89,7 +93,10 @@ fn assert_close(a: &[f32], b: &[f32], tol: f32, what: &str) {
     let scale = rms(b);
     for (k, (x, y)) in a.iter().zip(b).enumerate() {
         let lim = tol * y.abs().max(scale);
-        assert!((x - y).abs() <= lim, "{what}: element {k}: {x} vs {y} (limit {lim})");
+        assert!(
+            (x - y).abs() <= lim,
+            "{what}: element {k}: {x} vs {y} (limit {lim})"
+        );
     }
 }
 
@@ -113,7 +120,10 @@ fn quantized_matmul_matches_reference_and_scalar() {
                 let want = reference(&w, &x, m);
                 let scalar = run_matmul(SimdLevel::Scalar, 1, &w, &x, m);
                 let err = rel_err(&scalar, &want);
-                assert!(err < 1.5e-2, "{dtype} {rows}x{cols} m={m}: scalar rel err {err}");
+                assert!(
+                    err < 1.5e-2,
+                    "{dtype} {rows}x{cols} m={m}: scalar rel err {err}"
+                );
                 for level in levels() {
                     for threads in [1, 2] {
                         let got = run_matmul(level, threads, &w, &x, m);
@@ -153,7 +163,10 @@ fn quantization_is_identical_across_levels() {
         for k in 0..32 {
             let v = x[32 * b + k];
             let back = d0[2 * b] * q0[32 * b + k] as f32;
-            assert!((v - back).abs() <= 0.5001 * d0[2 * b] + 1e-6, "block {b} elem {k}: {v} vs {back}");
+            assert!(
+                (v - back).abs() <= 0.5001 * d0[2 * b] + 1e-6,
+                "block {b} elem {k}: {v} vs {back}"
+            );
         }
         let s: i32 = q0[32 * b..32 * (b + 1)].iter().map(|&q| q as i32).sum();
         assert_eq!(d0[2 * b + 1], d0[2 * b] * s as f32);
@@ -164,8 +177,16 @@ fn quantization_is_identical_across_levels() {
 fn matmul_multi_equals_separate_matmuls() {
     let mut rng = Rng(3);
     let cols = 128;
-    let shapes = [(GgmlType::Q4_1, 45), (GgmlType::Q8_0, 17), (GgmlType::F16, 9), (GgmlType::Q4_1, 64)];
-    let datas: Vec<Vec<u8>> = shapes.iter().map(|&(t, r)| random_matrix(&mut rng, t, r, cols)).collect();
+    let shapes = [
+        (GgmlType::Q4_1, 45),
+        (GgmlType::Q8_0, 17),
+        (GgmlType::F16, 9),
+        (GgmlType::Q4_1, 64),
+    ];
+    let datas: Vec<Vec<u8>> = shapes
+        .iter()
+        .map(|&(t, r)| random_matrix(&mut rng, t, r, cols))
+        .collect();
     let ws: Vec<QMatrix> = shapes
         .iter()
         .zip(&datas)
@@ -200,7 +221,12 @@ fn float_weights_match_reference() {
                 for level in levels() {
                     for threads in [1, 2] {
                         let got = run_matmul(level, threads, &w, &x, m);
-                        assert_close(&got, &want, 1e-5, &format!("{dtype} {rows}x{cols} m={m} {level:?}"));
+                        assert_close(
+                            &got,
+                            &want,
+                            1e-5,
+                            &format!("{dtype} {rows}x{cols} m={m} {level:?}"),
+                        );
                     }
                 }
             }
@@ -234,9 +260,19 @@ fn dequantize_hand_written_blocks() {
     // Floats.
     let vals = [1.5f32, -2.25, 0.0, 1024.0];
     let f32s: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let f16s: Vec<u8> = vals.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect();
-    let bf16s: Vec<u8> = vals.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect();
-    for (t, bytes) in [(GgmlType::F32, f32s), (GgmlType::F16, f16s), (GgmlType::BF16, bf16s)] {
+    let f16s: Vec<u8> = vals
+        .iter()
+        .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+        .collect();
+    let bf16s: Vec<u8> = vals
+        .iter()
+        .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+        .collect();
+    for (t, bytes) in [
+        (GgmlType::F32, f32s),
+        (GgmlType::F16, f16s),
+        (GgmlType::BF16, bf16s),
+    ] {
         let mut o = [0f32; 4];
         dequantize_row(t, &bytes, &mut o);
         assert_eq!(o, vals, "{t}");
@@ -254,7 +290,10 @@ fn dot_and_axpy_any_length() {
         let axpy_want: Vec<f32> = a.iter().zip(&b).map(|(&x, &y)| y + alpha * x).collect();
         for level in levels() {
             let got = dot_f32_with(level, &a, &b);
-            assert!((got as f64 - want).abs() <= 1e-5 * (1.0 + n as f64), "n={n} {level:?}: {got} vs {want}");
+            assert!(
+                (got as f64 - want).abs() <= 1e-5 * (1.0 + n as f64),
+                "n={n} {level:?}: {got} vs {want}"
+            );
             let mut y = b.clone();
             axpy_with(level, alpha, &a, &mut y);
             assert_close(&y, &axpy_want, 1e-6, &format!("axpy n={n} {level:?}"));
@@ -270,9 +309,18 @@ fn dot_and_axpy_any_length() {
 fn qmatrix_validates_shape() {
     let data = vec![0u8; 3 * 2 * 20];
     assert!(QMatrix::new(GgmlType::Q4_1, 3, 64, &data).is_ok());
-    assert!(QMatrix::new(GgmlType::Q4_1, 3, 48, &data).is_err(), "cols not a multiple of 32");
-    assert!(QMatrix::new(GgmlType::Q4_1, 4, 64, &data).is_err(), "too few bytes");
-    assert!(QMatrix::new(GgmlType::Q4_1, 2, 64, &data).is_err(), "too many bytes");
+    assert!(
+        QMatrix::new(GgmlType::Q4_1, 3, 48, &data).is_err(),
+        "cols not a multiple of 32"
+    );
+    assert!(
+        QMatrix::new(GgmlType::Q4_1, 4, 64, &data).is_err(),
+        "too few bytes"
+    );
+    assert!(
+        QMatrix::new(GgmlType::Q4_1, 2, 64, &data).is_err(),
+        "too many bytes"
+    );
     let w = QMatrix::new(GgmlType::Q4_1, 3, 64, &data).expect("valid");
     assert_eq!(w.row_bytes(), 40);
     assert_eq!(w.row(2).len(), 40);
