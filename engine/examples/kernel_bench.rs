@@ -1,9 +1,9 @@
 //! Times the CPU matmul kernels on SmolLM2-135M's shapes.
 //!
-//! `cargo run --release -p sluice-engine --example kernel_bench [-- THREADS]` (default 2 threads;
-//! `SLUICE_SIMD=scalar|avx2` caps the instruction set). Prints µs per call and GMAC/s for each
-//! shape at m = 1, 8 and 512 (best of many batches), then estimates a whole decode step and a
-//! 512-token prefill.
+//! `cargo run --release -p sluice-engine --example kernel_bench [-- THREADS [M,M,... [FILTER]]]`
+//! (default 2 threads, m = 1,8,512, every shape; `SLUICE_SIMD=scalar|avx2` caps the instruction
+//! set). Prints µs per call and GMAC/s for each shape whose name contains FILTER at each m (best
+//! of many batches), then estimates a whole decode step per m.
 
 use std::time::{Duration, Instant};
 
@@ -86,14 +86,21 @@ fn main() {
         "pool.run with one empty task per thread: {:.2} us",
         empty.as_secs_f64() * 1e6
     );
-    let ms = [1usize, 8, 512];
-    // decode[k] / prefill[k]: estimated whole-model time per step for m = ms[k].
-    let mut model_time = [0f64; 3];
+    let ms: Vec<usize> = std::env::args()
+        .nth(2)
+        .map(|a| a.split(',').filter_map(|v| v.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 8, 512]);
+    let filter = std::env::args().nth(3).unwrap_or_default();
+    // model_time[k]: estimated whole-model matmul time per step for m = ms[k].
+    let mut model_time = vec![0f64; ms.len()];
     println!(
         "{:<20} {:>6} {:>12} {:>10}",
         "shape", "m", "us/call", "GMAC/s"
     );
     for &(name, dtype, cols, rows, per_layer) in SHAPES {
+        if !name.contains(filter.as_str()) {
+            continue;
+        }
         let data = random_weights(&mut rng, dtype, rows, cols);
         let w = match QMatrix::new(dtype, rows, cols, &data) {
             Ok(w) => w,
@@ -127,6 +134,9 @@ fn main() {
         );
     }
 
+    if !filter.is_empty() {
+        return;
+    }
     // A decode layer as the model issues it: fused QKV and gate/up via matmul_multi.
     let mk =
         |rng: &mut Rng, rows: usize, cols: usize| random_weights(rng, GgmlType::Q4_1, rows, cols);

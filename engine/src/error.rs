@@ -47,6 +47,12 @@ pub enum Error {
     OutOfKvBlocks { needed: usize, free: usize },
     #[error("the {0} backend is not compiled into this binary (rebuild with `--features {0}`)")]
     BackendNotCompiled(&'static str),
+    #[error("transport: {0}")]
+    Transport(String),
+    #[error("handshake refused: {0}")]
+    HandshakeRefused(String),
+    #[error("peer {peer} went away: {reason}")]
+    PeerGone { peer: String, reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

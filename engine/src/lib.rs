@@ -6,6 +6,7 @@
 //! - [`generate`]: sampling, the generation loop and teacher-forced scoring.
 //! - [`bench`]: prefill and batched-decode throughput.
 
+pub mod api;
 pub mod backend;
 pub mod bench;
 pub mod dtype;
@@ -13,5 +14,10 @@ pub mod error;
 pub mod generate;
 pub mod kv;
 pub mod model;
+pub mod pipeline;
+pub mod scheduler;
+pub mod server;
+pub mod trace;
+pub mod transport;
 
 pub use error::{Error, Result};

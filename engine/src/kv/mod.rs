@@ -4,6 +4,7 @@
 
 mod block_pool;
 mod block_table;
+pub mod sizing;
 
 pub use block_pool::BlockPool;
 pub use block_table::BlockTable;

@@ -18,7 +18,6 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Mutex;
 
 use super::pool::ThreadPool;
 use crate::dtype::GgmlType;
@@ -31,13 +30,15 @@ mod avx512;
 mod float;
 #[cfg(target_arch = "x86_64")]
 mod packed;
+#[cfg(target_arch = "x86_64")]
+mod quad;
 mod quant;
 mod scalar;
 #[cfg(test)]
 mod tests;
 
 pub use float::{axpy, axpy_with, dot_f32, dot_f32_with};
-use quant::QActs;
+use quant::{ActLayout, QActs};
 
 /// A weight matrix in its stored (GGUF) layout: `rows` rows of `cols` elements, row-major.
 #[derive(Clone, Copy, Debug)]
@@ -222,9 +223,6 @@ struct Plan {
     row_chunks: usize,
 }
 
-/// Activation rows per parallel quantization task.
-const QUANT_ROWS_PER_TASK: usize = 16;
-
 /// [`matmul_multi`] at a chosen instruction set (lowered to what the CPU supports).
 pub fn matmul_multi_with(
     level: SimdLevel,
@@ -268,12 +266,18 @@ pub fn matmul_multi_with(
     let x = &x[..m * cols];
 
     let quantized = ws.iter().any(QMatrix::is_quantized);
-    let use_packed =
-        cfg!(target_arch = "x86_64") && level == SimdLevel::Avx512 && m >= PACKED_MIN_M;
+    let avx512 = cfg!(target_arch = "x86_64") && level == SimdLevel::Avx512;
+    let use_packed = avx512 && m >= PACKED_MIN_M;
+    let use_quad = avx512 && !use_packed;
+    let layout = match (use_packed, use_quad) {
+        (true, _) => ActLayout::Packed,
+        (_, true) => ActLayout::Quad,
+        _ => ActLayout::Plain,
+    };
     let mut acts = if quantized {
         let mut a = quant::take_scratch();
         a.reset(m, cols);
-        quantize_parallel(level, pool, x, &mut a, use_packed);
+        quant::quantize_parallel(level, pool, x, &mut a, layout);
         Some(a)
     } else {
         None
@@ -294,7 +298,7 @@ pub fn matmul_multi_with(
             .div_ceil(row_tasks)
             .min(m.div_ceil(PACKED_MIN_M));
         (PACKED_ROWS, m.div_ceil(tok_chunks).next_multiple_of(4))
-    } else if m > 8 {
+    } else if m > 8 && !use_quad {
         (16, 64)
     } else {
         (
@@ -331,6 +335,8 @@ pub fn matmul_multi_with(
             Some(a) if w.is_quantized() && use_packed => {
                 packed::packed_block(&pplan, w, a, rows, toks, outs[j])
             }
+            #[cfg(target_arch = "x86_64")]
+            Some(a) if w.is_quantized() && use_quad => quad::quad_block(w, a, rows, toks, outs[j]),
             Some(a) if w.is_quantized() => quant_block(level, w, a, rows, toks, outs[j]),
             _ => float::float_block(level, w, x, rows, toks, outs[j].0),
         }
@@ -340,67 +346,6 @@ pub fn matmul_multi_with(
     if let Some(a) = acts.take() {
         quant::put_scratch(a);
     }
-}
-
-/// Quantizes the activations (and packs them when `pack`), in parallel when there are many.
-fn quantize_parallel(level: SimdLevel, pool: &ThreadPool, x: &[f32], acts: &mut QActs, pack: bool) {
-    let (m, cols, nb) = (acts.m, acts.cols, acts.nb);
-    #[cfg(target_arch = "x86_64")]
-    let plan = pack.then(|| packed::Plan::new(nb));
-    #[cfg(target_arch = "x86_64")]
-    let rl = plan.as_ref().map_or(0, |p| p.row_lines);
-    #[cfg(not(target_arch = "x86_64"))]
-    let rl = 0;
-    let _ = pack;
-    acts.packed_row_lines = rl;
-    #[cfg(target_arch = "x86_64")]
-    acts.packed.resize(m * rl, packed::Line::default());
-    let k = if pool.n_threads() == 1 || m * cols < 32 * 1024 {
-        m
-    } else {
-        QUANT_ROWS_PER_TASK
-    };
-    #[cfg(target_arch = "x86_64")]
-    let mut lines = acts.packed.chunks_mut((k * rl).max(1));
-    let parts: Vec<Mutex<QuantPart>> = x
-        .chunks(k * cols)
-        .zip(acts.qs.chunks_mut(k * cols))
-        .zip(acts.ds.chunks_mut(k * 2 * nb))
-        .map(|((x, qs), ds)| {
-            Mutex::new(QuantPart {
-                x,
-                qs,
-                ds,
-                #[cfg(target_arch = "x86_64")]
-                lines: if rl > 0 { lines.next() } else { None },
-            })
-        })
-        .collect();
-    let work = |t: usize| {
-        let mut g = parts[t].lock().unwrap_or_else(|e| e.into_inner());
-        let p = &mut *g;
-        quant::quantize_rows(level, p.x, p.qs, p.ds, cols);
-        #[cfg(target_arch = "x86_64")]
-        if let (Some(plan), Some(lines)) = (&plan, p.lines.as_deref_mut()) {
-            // SAFETY: packing is only requested at the AVX-512 level, which the caller clamped
-            // to the detected one.
-            unsafe { packed::pack_acts(plan, p.qs, p.ds, cols, lines) };
-        }
-    };
-    if parts.len() == 1 {
-        work(0);
-    } else {
-        pool.run(parts.len(), &work);
-    }
-}
-
-/// One parallel share of the activation rows.
-struct QuantPart<'a> {
-    x: &'a [f32],
-    qs: &'a mut [i8],
-    ds: &'a mut [f32],
-    #[cfg(target_arch = "x86_64")]
-    lines: Option<&'a mut [packed::Line]>,
 }
 
 /// Weight rows per tile (the main tile; leftovers run one row at a time).

@@ -6,8 +6,98 @@
 //! `d0, s0, d1, s1, ...`), which is the layout the dot kernels load.
 
 use std::cell::RefCell;
+use std::sync::Mutex;
 
+use super::super::pool::ThreadPool;
 use super::SimdLevel;
+
+/// The layout the dot kernels read the activations in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActLayout {
+    /// `qs` and `ds` only (the stored-layout kernels).
+    Plain,
+    /// Also [`super::packed`]'s lines (AVX-512, large batches).
+    Packed,
+    /// Also [`super::quad`]'s lines (AVX-512, small batches).
+    Quad,
+}
+
+/// Activation rows per parallel quantization task.
+const QUANT_ROWS_PER_TASK: usize = 16;
+
+/// Quantizes the activations (and packs them for `layout`), in parallel when there are many.
+pub(crate) fn quantize_parallel(
+    level: SimdLevel,
+    pool: &ThreadPool,
+    x: &[f32],
+    acts: &mut QActs,
+    layout: ActLayout,
+) {
+    let (m, cols, nb) = (acts.m, acts.cols, acts.nb);
+    #[cfg(target_arch = "x86_64")]
+    let plan = (layout == ActLayout::Packed).then(|| super::packed::Plan::new(nb));
+    #[cfg(target_arch = "x86_64")]
+    let rl = match layout {
+        ActLayout::Plain => 0,
+        ActLayout::Packed => plan.as_ref().map_or(0, |p| p.row_lines),
+        ActLayout::Quad => super::quad::row_lines(nb),
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let rl = 0;
+    acts.packed_row_lines = rl;
+    #[cfg(target_arch = "x86_64")]
+    acts.packed.resize(m * rl, super::packed::Line::default());
+    let k = if pool.n_threads() == 1 || m * cols < 32 * 1024 {
+        m
+    } else {
+        QUANT_ROWS_PER_TASK
+    };
+    #[cfg(target_arch = "x86_64")]
+    let mut lines = acts.packed.chunks_mut((k * rl).max(1));
+    let parts: Vec<Mutex<QuantPart>> = x
+        .chunks(k * cols)
+        .zip(acts.qs.chunks_mut(k * cols))
+        .zip(acts.ds.chunks_mut(k * 2 * nb))
+        .map(|((x, qs), ds)| {
+            Mutex::new(QuantPart {
+                x,
+                qs,
+                ds,
+                #[cfg(target_arch = "x86_64")]
+                lines: if rl > 0 { lines.next() } else { None },
+            })
+        })
+        .collect();
+    let work = |t: usize| {
+        let mut g = parts[t].lock().unwrap_or_else(|e| e.into_inner());
+        let p = &mut *g;
+        quantize_rows(level, p.x, p.qs, p.ds, cols);
+        #[cfg(target_arch = "x86_64")]
+        if let Some(lines) = p.lines.as_deref_mut() {
+            match (&plan, layout) {
+                // SAFETY: packing is only requested at the AVX-512 level, which the caller
+                // clamped to the detected one.
+                (Some(plan), _) => unsafe { super::packed::pack_acts(plan, p.qs, p.ds, cols, lines) },
+                (None, ActLayout::Quad) => super::quad::pack_acts(p.qs, p.ds, cols, lines),
+                _ => {}
+            }
+        }
+    };
+    if parts.len() == 1 {
+        work(0);
+    } else {
+        pool.run(parts.len(), &work);
+    }
+}
+
+/// One parallel share of the activation rows.
+struct QuantPart<'a> {
+    x: &'a [f32],
+    qs: &'a mut [i8],
+    ds: &'a mut [f32],
+    #[cfg(target_arch = "x86_64")]
+    lines: Option<&'a mut [super::packed::Line]>,
+}
 
 /// Quantized activations: `m` rows of `cols` values.
 #[derive(Debug, Default)]

@@ -1,5 +1,7 @@
 //! `sluice-engine`: the bundled inference engine's command line.
 
+mod serve;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -49,6 +51,11 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run the engine: rank 0 with the OpenAI-compatible server, starting ranks 1..R here
+    /// unless `--rank-addrs` names ranks started by hand.
+    Serve(serve::ServeArgs),
+    /// Run one pipeline rank (1..R-1) for rank 0 to connect to (multi-host use).
+    Rank(serve::RankCmdArgs),
     /// Measure prefill and batched-decode throughput.
     Bench {
         #[command(flatten)]
@@ -152,6 +159,8 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Generate(args) => generate_cmd(args)?,
+        Command::Serve(args) => serve::serve(args)?,
+        Command::Rank(args) => serve::rank(args)?,
         Command::Score {
             model,
             tokens,

@@ -1,0 +1,235 @@
+//! `sluice-engine serve` (rank 0 and the OpenAI server) and `sluice-engine rank` (one worker).
+
+use std::path::PathBuf;
+use std::sync::mpsc::channel;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use sluice_engine::backend::cpu::CpuBackend;
+use sluice_engine::kv::sizing::{blocks_for, KvBudget};
+use sluice_engine::model::chat::ChatTemplate;
+use sluice_engine::model::gguf::GgufFile;
+use sluice_engine::model::tokenizer::Tokenizer;
+use sluice_engine::model::{default_model_path, file_sha256, Llama, LlamaConfig};
+use sluice_engine::pipeline::launch::{exit_with_parent, spawn_ranks, ChildRanks, LISTENING, SECRET_ENV};
+use sluice_engine::pipeline::remote::{Peers, RemoteDriver};
+use sluice_engine::pipeline::worker::{run_rank, RankOptions};
+use sluice_engine::pipeline::{LayerSplit, LocalDriver, Stage};
+use sluice_engine::scheduler::{EngineConfig, EngineHandle, Scheduler, SchedulerConfig};
+use sluice_engine::transport::DialOptions;
+
+/// What every rank needs to know about the model and its share of memory.
+#[derive(Args, Debug, Clone)]
+pub struct RankArgs {
+    /// The GGUF model file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Pipeline ranks.
+    #[arg(long, default_value_t = 3)]
+    ranks: usize,
+    /// Blocks per rank, e.g. `0-9,10-19,20-29` (default: an even split).
+    #[arg(long)]
+    layers: Option<String>,
+    /// Compute threads per rank (default: cores / ranks, at least 1).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// KV pool size in tokens (overrides --mem-fraction).
+    #[arg(long)]
+    kv_tokens: Option<usize>,
+    /// Fraction of the memory available after the weights given to each rank's KV pool.
+    #[arg(long, default_value_t = 0.1)]
+    mem_fraction: f64,
+}
+
+impl RankArgs {
+    fn model_path(&self) -> PathBuf {
+        self.model.clone().unwrap_or_else(default_model_path)
+    }
+
+    fn threads(&self) -> usize {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.threads.unwrap_or((cores / self.ranks.max(1)).max(1))
+    }
+
+    fn kv(&self) -> KvBudget {
+        self.kv_tokens.map_or(KvBudget::MemFraction(self.mem_fraction), KvBudget::Tokens)
+    }
+
+    /// The arguments a child rank gets to match this one.
+    fn child_args(&self, model: &std::path::Path, split: &LayerSplit) -> Vec<String> {
+        let mut a = vec![
+            "--model".into(),
+            model.display().to_string(),
+            "--layers".into(),
+            split.spec(),
+            "--threads".into(),
+            self.threads().to_string(),
+            "--mem-fraction".into(),
+            self.mem_fraction.to_string(),
+        ];
+        if let Some(t) = self.kv_tokens {
+            a.extend(["--kv-tokens".into(), t.to_string()]);
+        }
+        a
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    rank: RankArgs,
+    /// Where the OpenAI-compatible server listens.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    listen: String,
+    /// Addresses of ranks 1..R started by hand (`sluice-engine rank`); without it, they are
+    /// started here as child processes.
+    #[arg(long, value_delimiter = ',')]
+    rank_addrs: Vec<String>,
+    /// Sequences computed at once.
+    #[arg(long, default_value_t = 8)]
+    max_running: usize,
+    /// Tokens per micro-batch (long prompts are prefilled in chunks of this size).
+    #[arg(long, default_value_t = 512)]
+    max_batch_tokens: usize,
+    /// Prompt + max_tokens above this is refused (a protection limit).
+    #[arg(long, default_value_t = 12_288)]
+    context_window: usize,
+    /// The model id the API reports (default: the GGUF's general.name or file name).
+    #[arg(long)]
+    model_id: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct RankCmdArgs {
+    #[command(flatten)]
+    rank: RankArgs,
+    /// This rank's number (1..R-1; rank 0 is `serve`).
+    #[arg(long = "rank")]
+    index: usize,
+    /// Where this rank listens for rank 0 and the previous rank.
+    #[arg(long)]
+    listen: String,
+    /// Exit when the process that started this rank goes away.
+    #[arg(long)]
+    exit_with_parent: bool,
+}
+
+/// The cluster secret: from the environment, or a fresh random one for local child ranks.
+fn secret() -> String {
+    std::env::var(SECRET_ENV).unwrap_or_else(|_| {
+        let mut rng = sluice_engine::generate::Rng::new(
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+                ^ u64::from(std::process::id()) << 32,
+        );
+        format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64())
+    })
+}
+
+pub fn rank(args: RankCmdArgs) -> Result<()> {
+    if args.exit_with_parent {
+        exit_with_parent();
+    }
+    let Ok(secret) = std::env::var(SECRET_ENV) else {
+        bail!("set {SECRET_ENV} to the cluster secret shared by all ranks");
+    };
+    let opts = RankOptions {
+        rank: args.index,
+        n_ranks: args.rank.ranks,
+        listen: args.listen.clone(),
+        model: args.rank.model_path(),
+        layers: args.rank.layers.clone(),
+        threads: args.rank.threads(),
+        kv: args.rank.kv(),
+        secret: secret.into_bytes(),
+    };
+    run_rank(&opts, |addr| {
+        use std::io::Write;
+        println!("{LISTENING} {addr}");
+        let _ = std::io::stdout().flush();
+        eprintln!("rank {} listening on {addr}", opts.rank);
+    })?;
+    Ok(())
+}
+
+pub fn serve(args: ServeArgs) -> Result<()> {
+    let r = &args.rank;
+    let path = r.model_path();
+    let gguf = Arc::new(GgufFile::open(&path)?);
+    let cfg = LlamaConfig::from_gguf(&gguf)?;
+    let split = match &r.layers {
+        Some(spec) => LayerSplit::parse(spec, cfg.n_layers)?,
+        None => LayerSplit::even(cfg.n_layers, r.ranks)?,
+    };
+    if split.n_ranks() != r.ranks {
+        bail!("--layers names {} ranks, --ranks is {}", split.n_ranks(), r.ranks);
+    }
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).context("building the tokenizer")?);
+    let template = ChatTemplate::from_gguf(&gguf)?;
+    let model_id = args.model_id.clone().unwrap_or_else(|| {
+        path.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+    });
+    let model = Llama::load(gguf.clone(), Arc::new(CpuBackend::new(r.threads())), split.part(0))?;
+    let own_blocks = blocks_for(r.kv(), split.range(0).len(), cfg.kv_dim())?;
+    eprintln!(
+        "rank 0: blocks {:?}, {:.1} MiB of weights, {} threads",
+        split.bounds(0),
+        model.weight_bytes() as f64 / (1 << 20) as f64,
+        r.threads()
+    );
+
+    let inbox = channel();
+    let secret = secret();
+    let mut _children: Option<ChildRanks> = None;
+    let (driver, kv_blocks): (Box<dyn sluice_engine::pipeline::Driver>, usize) = if split.n_ranks() == 1 {
+        let stage = Stage::new(model, own_blocks)?;
+        let n = stage.kv_tokens() / sluice_engine::kv::BLOCK_SIZE;
+        (Box::new(LocalDriver::new(stage, inbox.0.clone())), n)
+    } else {
+        let addrs = if args.rank_addrs.is_empty() {
+            let exe = std::env::current_exe().context("finding this executable to start the ranks")?;
+            let host = args.listen.rsplit_once(':').map_or("127.0.0.1", |(h, _)| h);
+            let host = if host == "0.0.0.0" || host.is_empty() { "127.0.0.1" } else { host };
+            let children = spawn_ranks(&exe, r.ranks, host, &r.child_args(&path, &split), &secret)?;
+            let a = children.addrs().to_vec();
+            _children = Some(children);
+            a
+        } else {
+            args.rank_addrs.clone()
+        };
+        let peers = Peers { addrs, model_sha256: file_sha256(&path)?, secret: secret.into_bytes(), dial: DialOptions::default() };
+        let d = RemoteDriver::connect(model, split.clone(), own_blocks, &peers, inbox.0.clone())?;
+        let n = d.kv_tokens() / sluice_engine::kv::BLOCK_SIZE;
+        (Box::new(d), n)
+    };
+    eprintln!("KV token pool: {} tokens", kv_blocks * sluice_engine::kv::BLOCK_SIZE);
+
+    let sched_cfg = SchedulerConfig {
+        max_running: args.max_running,
+        max_batch_tokens: args.max_batch_tokens,
+        max_in_flight: split.n_ranks(),
+        kv_blocks,
+    };
+    let engine_cfg = EngineConfig { model_id, context_window: args.context_window };
+    let handle = EngineHandle::start(engine_cfg, Scheduler::new(sched_cfg, tokenizer), driver, template, inbox)?;
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("binding {}", args.listen))?;
+        eprintln!("serving the OpenAI API on http://{}", listener.local_addr()?);
+        let shutdown = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+            eprintln!("shutting down: finishing in-flight requests");
+        };
+        sluice_engine::server::serve(listener, handle.clone(), shutdown).await?;
+        anyhow::Ok(())
+    })?;
+    handle.shutdown();
+    Ok(())
+}

@@ -1,0 +1,61 @@
+//! How many KV blocks a rank gets: a fixed number of tokens, or a fraction of the memory left
+//! after the weights.
+
+use super::{KvSpec, BLOCK_SIZE};
+use crate::error::{Error, Result};
+
+/// The user's choice (`--kv-tokens N` or `--mem-fraction F`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KvBudget {
+    Tokens(usize),
+    /// Fraction of the memory available when the rank starts (after its weights are mapped).
+    MemFraction(f64),
+}
+
+/// Bytes of one KV block for `n_layers` layers of width `kv_dim`.
+pub fn block_bytes(n_layers: usize, kv_dim: usize) -> usize {
+    KvSpec { n_layers, n_blocks: 1, kv_dim }.bytes()
+}
+
+/// Memory the kernel says is available (`MemAvailable` in /proc/meminfo), in bytes.
+pub fn mem_available() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo")
+        .map_err(|e| Error::InvalidRequest(format!("cannot read /proc/meminfo to size the KV pool: {e}")))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| Error::InvalidRequest("no MemAvailable in /proc/meminfo; use --kv-tokens".into()))
+}
+
+/// KV blocks for a rank holding `n_layers` layers.
+pub fn blocks_for(budget: KvBudget, n_layers: usize, kv_dim: usize) -> Result<usize> {
+    let blocks = match budget {
+        KvBudget::Tokens(t) => t.div_ceil(BLOCK_SIZE),
+        KvBudget::MemFraction(f) => {
+            if !(f > 0.0 && f <= 1.0) {
+                return Err(Error::InvalidRequest(format!("--mem-fraction {f} is not in (0, 1]")));
+            }
+            (mem_available()? as f64 * f) as usize / block_bytes(n_layers.max(1), kv_dim)
+        }
+    };
+    if blocks == 0 {
+        return Err(Error::InvalidRequest("the KV pool would hold no blocks".into()));
+    }
+    Ok(blocks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_by_tokens_and_by_memory() {
+        assert_eq!(blocks_for(KvBudget::Tokens(100), 10, 192).unwrap(), 7);
+        assert_eq!(block_bytes(10, 192), 2 * 10 * 16 * 192 * 4);
+        let b = blocks_for(KvBudget::MemFraction(0.01), 10, 192).unwrap();
+        assert!(b > 0 && (b * block_bytes(10, 192)) as u64 <= mem_available().unwrap() / 100 + 1);
+        assert!(blocks_for(KvBudget::MemFraction(1.5), 10, 192).is_err());
+        assert!(blocks_for(KvBudget::Tokens(0), 10, 192).is_err());
+    }
+}

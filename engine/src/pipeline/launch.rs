@@ -1,0 +1,98 @@
+//! `sluice-engine serve --ranks R` on one host: starts ranks 1..R-1 as child processes of its
+//! own binary, reads the address each one bound, and kills them when it goes.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+
+/// The line a rank prints on stdout once it listens: `LISTENING <addr>`.
+pub const LISTENING: &str = "LISTENING";
+/// The environment variable carrying the cluster secret (kept off command lines).
+pub const SECRET_ENV: &str = "SLUICE_CLUSTER_SECRET";
+
+/// Running child ranks; dropping this kills them.
+#[derive(Debug)]
+pub struct ChildRanks {
+    children: Vec<(usize, Child)>,
+    addrs: Vec<String>,
+}
+
+impl ChildRanks {
+    /// Listening addresses of ranks 1..R.
+    pub fn addrs(&self) -> &[String] {
+        &self.addrs
+    }
+}
+
+impl Drop for ChildRanks {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts ranks `1..n_ranks` with `exe rank --rank K --ranks R <args>`, each on `host:0`, and
+/// waits until each one listens. A rank that exits first is reported with its own error text.
+pub fn spawn_ranks(exe: &std::path::Path, n_ranks: usize, host: &str, args: &[String], secret: &str) -> Result<ChildRanks> {
+    let mut ranks = ChildRanks { children: Vec::new(), addrs: Vec::new() };
+    for k in 1..n_ranks {
+        let mut child = Command::new(exe)
+            .arg("rank")
+            .args(["--rank", &k.to_string(), "--ranks", &n_ranks.to_string(), "--listen", &format!("{host}:0"), "--exit-with-parent"])
+            .args(args)
+            .env(SECRET_ENV, secret)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| Error::Transport(format!("cannot start rank {k}: {e}")))?;
+        let stderr_tail = Arc::new(Mutex::new(Vec::<String>::new()));
+        if let Some(err) = child.stderr.take() {
+            let tail = stderr_tail.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(std::result::Result::ok) {
+                    eprintln!("[rank {k}] {line}");
+                    let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
+                    t.push(line);
+                    if t.len() > 20 {
+                        t.remove(0);
+                    }
+                }
+            });
+        }
+        let stdout = child.stdout.take().ok_or_else(|| Error::Transport("no stdout from rank".into()))?;
+        let mut lines = BufReader::new(stdout).lines();
+        let addr = lines.find_map(|l| l.ok().and_then(|l| l.strip_prefix(LISTENING).map(|a| a.trim().to_owned())));
+        // Keep draining the child's stdout so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        match addr {
+            Some(a) => {
+                ranks.addrs.push(a);
+                ranks.children.push((k, child));
+            }
+            None => {
+                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+                std::thread::sleep(std::time::Duration::from_millis(100)); // let stderr drain
+                let tail = stderr_tail.lock().unwrap_or_else(|e| e.into_inner()).join("\n");
+                return Err(Error::Transport(format!("rank {k} could not start ({status}): {tail}")));
+            }
+        }
+    }
+    Ok(ranks)
+}
+
+/// In a child rank: exits when the parent that started it goes away.
+pub fn exit_with_parent() {
+    let parent = std::os::unix::process::parent_id();
+    std::thread::spawn(move || loop {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        if std::os::unix::process::parent_id() != parent {
+            eprintln!("the parent process went away; stopping");
+            std::process::exit(1);
+        }
+    });
+}

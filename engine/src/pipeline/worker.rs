@@ -1,0 +1,192 @@
+//! A rank other than 0: accepts rank 0's control link and the previous rank's data link, runs
+//! its blocks on each micro-batch in order, and passes activations on (or, on the last rank,
+//! samples and sends the tokens back to rank 0).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use crate::backend::cpu::CpuBackend;
+use crate::error::{Error, Result};
+use crate::kv::sizing::{blocks_for, KvBudget};
+use crate::model::gguf::GgufFile;
+use crate::model::{file_sha256, Llama, LlamaConfig};
+use crate::pipeline::{LayerSplit, Stage};
+use crate::transport::message::{Message, RankStatus, Sampled, Welcome};
+use crate::transport::{
+    dial, f32_to_le_bytes, le_bytes_to_f32, DialOptions, Expected, HelloFields, LinkConfig, LinkRole, RankListener,
+    TcpTransport, Transport,
+};
+
+/// How to start one rank.
+#[derive(Clone, Debug)]
+pub struct RankOptions {
+    pub rank: usize,
+    pub n_ranks: usize,
+    pub listen: String,
+    pub model: PathBuf,
+    /// `--layers` (default: an even split).
+    pub layers: Option<String>,
+    pub threads: usize,
+    pub kv: KvBudget,
+    pub secret: Vec<u8>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Accepts connections until one with `role` passes the handshake.
+fn accept_role(listener: &RankListener, expect: &Expected, role: LinkRole) -> Result<Arc<TcpTransport>> {
+    loop {
+        match listener.accept(expect) {
+            Ok((link, hello)) if hello.role == role => return Ok(link),
+            Ok((link, hello)) => {
+                let reason = format!("expected a {role:?} link, got a {:?} link", hello.role);
+                let _ = link.send(&Message::Refused { reason }, &[]);
+                link.close();
+            }
+            Err(e) => tracing::warn!("rank link refused: {e}"),
+        }
+    }
+}
+
+/// Runs rank `opts.rank` until rank 0 shuts it down or goes away. `on_listening` is told the
+/// bound address before any link is accepted (the launcher reads it from stdout).
+pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Result<()> {
+    if opts.rank == 0 || opts.rank >= opts.n_ranks {
+        return Err(Error::InvalidRequest(format!("rank {} of {} is not a worker rank", opts.rank, opts.n_ranks)));
+    }
+    let gguf = Arc::new(GgufFile::open(&opts.model)?);
+    let cfg = LlamaConfig::from_gguf(&gguf)?;
+    let split = match &opts.layers {
+        Some(spec) => LayerSplit::parse(spec, cfg.n_layers)?,
+        None => LayerSplit::even(cfg.n_layers, opts.n_ranks)?,
+    };
+    if split.n_ranks() != opts.n_ranks {
+        return Err(Error::InvalidRequest(format!("--layers names {} ranks, --ranks is {}", split.n_ranks(), opts.n_ranks)));
+    }
+    let sha = file_sha256(&opts.model)?;
+    let model = Llama::load(gguf, Arc::new(CpuBackend::new(opts.threads)), split.part(opts.rank))?;
+    let capacity = blocks_for(opts.kv, split.range(opts.rank).len(), cfg.kv_dim())?;
+    let bounds = split.bounds(opts.rank).map(|b| b as u32);
+    let status = Arc::new(Mutex::new(RankStatus {
+        rank: opts.rank as u32,
+        kv_blocks_total: 0,
+        kv_blocks_used: 0,
+        weight_bytes: model.weight_bytes(),
+        kv_bytes: 0,
+    }));
+    let s = status.clone();
+    let link_cfg = LinkConfig::default().with_status(move || Some(lock(&s).clone()));
+    let listener = RankListener::bind(&opts.listen)?.with_link_config(link_cfg.clone());
+    on_listening(listener.local_addr()?);
+    let expect = Expected {
+        model_sha256: sha.clone(),
+        rank: opts.rank as u32,
+        layers: bounds,
+        n_ranks: opts.n_ranks as u32,
+        secret: opts.secret.clone(),
+    };
+
+    // Rank 0 calls first, reads what this rank can hold, and sets the pool size for all.
+    let control = accept_role(&listener, &expect, LinkRole::Control)?;
+    control.send(
+        &Message::Welcome(Welcome {
+            rank: opts.rank as u32,
+            layers: bounds,
+            weight_bytes: model.weight_bytes(),
+            kv_blocks_capacity: capacity as u64,
+        }),
+        &[],
+    )?;
+    let setup = match control.recv()? {
+        (Message::Setup(s), _) => s,
+        (other, _) => return Err(Error::Transport(format!("expected Setup from rank 0, got {other:?}"))),
+    };
+    if setup.kv_blocks as usize > capacity {
+        let reason = format!("rank {} can hold {capacity} KV blocks, rank 0 asked for {}", opts.rank, setup.kv_blocks);
+        let _ = control.send(&Message::Fatal { reason: reason.clone() }, &[]);
+        return Err(Error::InvalidRequest(reason));
+    }
+    let mut stage = Stage::new(model, setup.kv_blocks as usize)?;
+    {
+        let mut st = lock(&status);
+        st.kv_blocks_total = setup.kv_blocks;
+        st.kv_bytes = stage.kv_bytes();
+    }
+    tracing::info!(rank = opts.rank, "KV token pool: {} tokens", stage.kv_tokens());
+
+    let next = match &setup.next {
+        Some(n) => {
+            let hello = HelloFields {
+                role: LinkRole::Data,
+                model_sha256: sha,
+                rank: n.rank,
+                layers: n.layers,
+                n_ranks: opts.n_ranks as u32,
+            };
+            let link = dial(&n.addr, &hello, &opts.secret, &DialOptions { link: link_cfg, ..DialOptions::default() })?;
+            match link.recv()? {
+                (Message::Ready { .. }, _) => Some(link),
+                (other, _) => return Err(Error::Transport(format!("expected Ready from rank {}, got {other:?}", n.rank))),
+            }
+        }
+        None => None,
+    };
+    let upstream = accept_role(&listener, &expect, LinkRole::Data)?;
+    control.send(&Message::Ready { rank: opts.rank as u32 }, &[])?;
+
+    // Rank 0 going away (or telling us to stop) ends this rank.
+    let watch = control.clone();
+    std::thread::Builder::new()
+        .name("rank-control".into())
+        .spawn(move || loop {
+            match watch.recv() {
+                Ok((Message::Shutdown, _)) => std::process::exit(0),
+                Ok(_) => {}
+                Err(e) => {
+                    eprintln!("rank 0 went away ({e}); stopping");
+                    std::process::exit(1);
+                }
+            }
+        })
+        .map_err(|e| Error::Transport(format!("cannot start the control thread: {e}")))?;
+
+    loop {
+        let (msg, body) = upstream.recv()?;
+        match msg {
+            Message::Forward(f) => {
+                let run = le_bytes_to_f32(&body).and_then(|h| stage.run_hidden(&f.seqs, &h));
+                if let Err(e) = run {
+                    let _ = control.send(&Message::Fatal { reason: e.to_string() }, &[]);
+                    return Err(e);
+                }
+                lock(&status).kv_blocks_used = f.kv_blocks_used;
+                match &next {
+                    Some(n) => {
+                        let hidden = f32_to_le_bytes(&stage.hidden(f.rows as usize));
+                        n.send(&Message::Forward(f), &hidden)?;
+                    }
+                    None => {
+                        let tokens = stage.sample(&f.seqs)?;
+                        control.send(&Message::Sampled(Sampled { batch: f.batch, tokens }), &[])?;
+                    }
+                }
+            }
+            Message::Release { seqs } => {
+                stage.release(&seqs);
+                if let Some(n) = &next {
+                    n.send(&Message::Release { seqs }, &[])?;
+                }
+            }
+            Message::Shutdown => {
+                if let Some(n) = &next {
+                    let _ = n.send(&Message::Shutdown, &[]);
+                }
+                return Ok(());
+            }
+            other => tracing::warn!("rank {} ignores {other:?} on its data link", opts.rank),
+        }
+    }
+}

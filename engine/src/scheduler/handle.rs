@@ -1,0 +1,255 @@
+//! The engine thread that drives the scheduler and the pipeline, and the handle the HTTP
+//! server holds.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::{Scheduler, Sequence};
+use crate::api::{Engine, EngineError, GenerationEvent, GenerationRequest, Health, MetricsSnapshot, RankHealth};
+use crate::generate::Rng;
+use crate::model::chat::ChatTemplate;
+use crate::model::tokenizer::Tokenizer;
+use crate::pipeline::Driver;
+use crate::transport::message::Sampled;
+
+/// What the engine thread receives.
+#[derive(Debug)]
+pub enum Input {
+    Submit(Box<Sequence>),
+    Sampled(Sampled),
+    /// A rank stopped answering; every request in the engine fails.
+    RankDown { rank: usize, reason: String },
+    Shutdown,
+}
+
+/// Fixed facts about the engine the server reports.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub model_id: String,
+    /// Prompt plus max_tokens may not exceed this (`--context-window`).
+    pub context_window: usize,
+}
+
+/// What the engine thread publishes for `/health` and `/metrics`.
+#[derive(Debug, Default)]
+struct Published {
+    metrics: MetricsSnapshot,
+    ranks: Vec<RankHealth>,
+    down: Option<String>,
+}
+
+/// The server's handle on the engine: it submits requests to the engine thread and reads
+/// what that thread publishes.
+pub struct EngineHandle {
+    cfg: EngineConfig,
+    tokenizer: Arc<Tokenizer>,
+    template: ChatTemplate,
+    kv_tokens: usize,
+    tx: Sender<Input>,
+    next_id: AtomicU64,
+    seeds: Mutex<Rng>,
+    published: Arc<Mutex<Published>>,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle").field("cfg", &self.cfg).finish()
+    }
+}
+
+impl EngineHandle {
+    /// Starts the engine thread over `driver` and returns the handle.
+    pub fn start<D: Driver + 'static>(
+        cfg: EngineConfig,
+        scheduler: Scheduler,
+        driver: D,
+        template: ChatTemplate,
+        inbox: (Sender<Input>, Receiver<Input>),
+    ) -> std::io::Result<Arc<Self>> {
+        let (tx, rx) = inbox;
+        let published = Arc::new(Mutex::new(Published::default()));
+        let handle = Arc::new(Self {
+            tokenizer: scheduler.tokenizer().clone(),
+            kv_tokens: scheduler.kv_tokens(),
+            cfg,
+            template,
+            tx,
+            next_id: AtomicU64::new(1),
+            seeds: Mutex::new(Rng::new(
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64),
+            )),
+            published: published.clone(),
+        });
+        std::thread::Builder::new()
+            .name("sluice-engine".into())
+            .spawn(move || engine_loop(scheduler, driver, rx, published))?;
+        Ok(handle)
+    }
+
+    /// Asks the engine thread to stop after failing what is left.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Input::Shutdown);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Engine for EngineHandle {
+    fn model_id(&self) -> &str {
+        &self.cfg.model_id
+    }
+
+    fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    fn chat_template(&self) -> &ChatTemplate {
+        &self.template
+    }
+
+    fn context_window(&self) -> usize {
+        self.cfg.context_window
+    }
+
+    fn submit(&self, req: GenerationRequest) -> Result<UnboundedReceiver<GenerationEvent>, EngineError> {
+        if let Some(why) = &lock(&self.published).down {
+            return Err(EngineError::Unavailable(why.clone()));
+        }
+        let invalid = |code, message| Err(EngineError::Invalid { code, message });
+        if req.prompt.is_empty() {
+            return invalid("invalid_prompt", "the prompt is empty".into());
+        }
+        if req.max_tokens == 0 {
+            return invalid("invalid_value", "max_tokens must be at least 1".into());
+        }
+        let need = req.prompt.len() + req.max_tokens;
+        if need > self.cfg.context_window {
+            return invalid(
+                "context_length_exceeded",
+                format!(
+                    "this request needs {} prompt tokens + {} max_tokens = {need}, over the context window of {} tokens",
+                    req.prompt.len(),
+                    req.max_tokens,
+                    self.cfg.context_window
+                ),
+            );
+        }
+        if need > self.kv_tokens {
+            return invalid(
+                "context_length_exceeded",
+                format!("this request needs {need} tokens of KV cache; the pool holds {}", self.kv_tokens),
+            );
+        }
+        let (tx, rx) = unbounded_channel();
+        let seed = req.sampling.seed.unwrap_or_else(|| lock(&self.seeds).next_u64());
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let seq = Sequence::new(id, req, seed, self.tokenizer.clone(), tx);
+        self.tx
+            .send(Input::Submit(Box::new(seq)))
+            .map_err(|_| EngineError::Unavailable("the engine has stopped".into()))?;
+        Ok(rx)
+    }
+
+    fn health(&self) -> Health {
+        let p = lock(&self.published);
+        let up = p.ranks.iter().filter(|r| r.up).count();
+        let status = if p.down.is_none() && up == p.ranks.len() {
+            "ok"
+        } else if up > 0 && p.down.is_none() {
+            "degraded"
+        } else {
+            "down"
+        };
+        Health { status, ranks: p.ranks.clone() }
+    }
+
+    fn metrics(&self) -> MetricsSnapshot {
+        let p = lock(&self.published);
+        MetricsSnapshot { ranks: p.ranks.clone(), ..p.metrics.clone() }
+    }
+}
+
+/// How long the engine thread sleeps when idle before checking for disconnected clients.
+const IDLE_POLL: Duration = Duration::from_millis(20);
+
+fn engine_loop<D: Driver>(mut sched: Scheduler, mut driver: D, rx: Receiver<Input>, published: Arc<Mutex<Published>>) {
+    let mut down: Option<String> = None;
+    loop {
+        let mut busy = false;
+        // Everything that arrived, without blocking.
+        loop {
+            match rx.try_recv() {
+                Ok(input) => {
+                    busy = true;
+                    if !handle_input(input, &mut sched, &mut down) {
+                        return;
+                    }
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return,
+            }
+        }
+        sched.abort_disconnected();
+        let released = sched.take_released();
+        if down.is_none() && !released.is_empty() {
+            if let Err(e) = driver.release(released) {
+                down = Some(format!("the pipeline failed: {e}"));
+            }
+        }
+        while down.is_none() {
+            let Some(batch) = sched.schedule() else { break };
+            busy = true;
+            if let Err(e) = driver.submit(batch) {
+                down = Some(format!("the pipeline failed: {e}"));
+            }
+        }
+        if let Some(why) = &down {
+            sched.fail_all(&EngineError::Unavailable(why.clone()));
+        }
+        {
+            let mut p = lock(&published);
+            p.metrics = sched.metrics();
+            p.ranks = driver.ranks(sched.kv_tokens_used());
+            p.down = down.clone();
+        }
+        if !busy {
+            match rx.recv_timeout(IDLE_POLL) {
+                Ok(input) => {
+                    if !handle_input(input, &mut sched, &mut down) {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+}
+
+/// Applies one input; `false` means stop the engine thread.
+fn handle_input(input: Input, sched: &mut Scheduler, down: &mut Option<String>) -> bool {
+    match input {
+        Input::Submit(seq) => {
+            if let Some(why) = down {
+                seq.fail(EngineError::Unavailable(why.clone()));
+            } else {
+                sched.add(*seq);
+            }
+        }
+        Input::Sampled(s) => sched.complete(s),
+        Input::RankDown { rank, reason } => {
+            *down = Some(format!("pipeline rank {rank} is down: {reason}"));
+        }
+        Input::Shutdown => {
+            sched.fail_all(&EngineError::Unavailable("the engine is shutting down".into()));
+            return false;
+        }
+    }
+    true
+}

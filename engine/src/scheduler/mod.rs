@@ -1,0 +1,322 @@
+//! The scheduler on rank 0: waiting and running queues, chunked prefill under a per-step token
+//! budget, micro-batches kept in flight so every pipeline stage computes at once, preemption
+//! by recomputation when the KV pool runs out, and immediate release of aborted requests.
+//!
+//! It is vLLM's v1 design without separate prefill and decode phases: each sequence's
+//! `num_scheduled` catches up with its tokens, a chunk at a time.
+
+mod handle;
+mod sequence;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+pub use handle::{EngineConfig, EngineHandle, Input};
+pub use sequence::{Progress, Sequence};
+
+use crate::api::{EngineError, MetricsSnapshot};
+use crate::generate::FinishReason;
+use crate::kv::{BlockPool, BLOCK_SIZE};
+use crate::model::tokenizer::Tokenizer;
+use crate::transport::message::{Forward, SampleSpec, Sampled, SeqChunk};
+
+/// Limits the scheduler works within.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Sequences holding KV and being computed at once (`--max-running`).
+    pub max_running: usize,
+    /// Rows per micro-batch (`--max-batch-tokens`): a long prompt is prefilled in chunks of
+    /// at most this many tokens, so running decodes keep getting turns.
+    pub max_batch_tokens: usize,
+    /// Micro-batches in the pipeline at once (the number of ranks).
+    pub max_in_flight: usize,
+    pub kv_blocks: usize,
+}
+
+/// A micro-batch ready for rank 0: the header every rank sees and rank 0's token ids.
+#[derive(Clone, Debug)]
+pub struct MicroBatch {
+    pub forward: Forward,
+    pub ids: Vec<u32>,
+}
+
+/// Counters kept by the scheduler.
+#[derive(Clone, Debug, Default)]
+struct Counters {
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    finished_stop: u64,
+    finished_length: u64,
+    aborted: u64,
+    failed: u64,
+    preemptions: u64,
+}
+
+/// The scheduler's state; the engine thread drives it (see `handle`).
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    tokenizer: Arc<Tokenizer>,
+    stop_ids: Vec<u32>,
+    pool: BlockPool,
+    waiting: VecDeque<Sequence>,
+    /// Running sequences, oldest first.
+    running: Vec<Sequence>,
+    /// Micro-batches in flight and the sequences in each.
+    in_flight: HashMap<u64, Vec<u64>>,
+    next_batch: u64,
+    /// Sequences whose samplers and tables the ranks can forget.
+    released: Vec<u64>,
+    counters: Counters,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig, tokenizer: Arc<Tokenizer>) -> Self {
+        let stop_ids = tokenizer.stop_ids();
+        Self {
+            pool: BlockPool::new(cfg.kv_blocks),
+            cfg,
+            tokenizer,
+            stop_ids,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            in_flight: HashMap::new(),
+            next_batch: 0,
+            released: Vec::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    pub fn kv_tokens(&self) -> usize {
+        self.pool.n_blocks() * BLOCK_SIZE
+    }
+
+    pub fn kv_tokens_used(&self) -> usize {
+        (self.pool.n_blocks() - self.pool.n_free()) * BLOCK_SIZE
+    }
+
+    pub fn n_in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty() && self.in_flight.is_empty()
+    }
+
+    /// Queues a new sequence.
+    pub fn add(&mut self, seq: Sequence) {
+        self.waiting.push_back(seq);
+    }
+
+    /// Sequence ids the ranks may forget, collected since the last call.
+    pub fn take_released(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.released)
+    }
+
+    fn release(&mut self, mut seq: Sequence) {
+        seq.table.release(&mut self.pool);
+        self.released.push(seq.id);
+    }
+
+    /// Drops every sequence whose client went away, freeing its KV blocks at once.
+    pub fn abort_disconnected(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].client_gone() {
+                let seq = self.running.remove(i);
+                self.counters.aborted += 1;
+                self.release(seq);
+            } else {
+                i += 1;
+            }
+        }
+        let before = self.waiting.len();
+        self.waiting.retain(|s| !s.client_gone());
+        self.counters.aborted += (before - self.waiting.len()) as u64;
+    }
+
+    /// Fails every request (a rank went down); the ranks' state is gone with it.
+    pub fn fail_all(&mut self, err: &EngineError) {
+        for seq in self.running.drain(..).chain(self.waiting.drain(..)) {
+            seq.fail(err.clone());
+            self.counters.failed += 1;
+        }
+        self.pool = BlockPool::new(self.cfg.kv_blocks);
+        self.in_flight.clear();
+        self.released.clear();
+    }
+
+    /// Moves waiting sequences to running while there is room and KV for their prompts.
+    fn admit(&mut self) {
+        while self.running.len() < self.cfg.max_running {
+            let Some(seq) = self.waiting.front() else { break };
+            let need = seq.tokens.len().div_ceil(BLOCK_SIZE);
+            if need > self.pool.n_free() && !self.running.is_empty() {
+                break; // new work waits for KV blocks
+            }
+            let mut seq = self.waiting.pop_front().expect("front exists");
+            seq.scheduled_at.get_or_insert_with(std::time::Instant::now);
+            self.running.push(seq);
+        }
+    }
+
+    /// Frees the blocks of the newest running sequence newer than `keep` that is not in flight,
+    /// and sends it back to the waiting queue to be recomputed.
+    fn preempt_newest(&mut self, keep: usize) -> bool {
+        let victim = (keep + 1..self.running.len()).rev().find(|&i| self.running[i].in_flight == 0);
+        let Some(i) = victim else { return false };
+        let mut seq = self.running.remove(i);
+        seq.table.release(&mut self.pool);
+        seq.num_scheduled = 0;
+        seq.awaiting_sample = false;
+        self.counters.preemptions += 1;
+        self.waiting.push_front(seq);
+        true
+    }
+
+    /// Builds the next micro-batch, or `None` when nothing can run now.
+    pub fn schedule(&mut self) -> Option<MicroBatch> {
+        if self.in_flight.len() >= self.cfg.max_in_flight {
+            return None;
+        }
+        self.admit();
+        let n_decoding = self.running.iter().filter(|s| s.num_scheduled >= s.n_prompt).count();
+        // Spread decoding sequences over the micro-batches in flight so every stage has work.
+        let decode_cap = n_decoding.div_ceil(self.cfg.max_in_flight).max(1);
+        let mut budget = self.cfg.max_batch_tokens;
+        let (mut seqs, mut ids) = (Vec::new(), Vec::new());
+        let mut n_decode = 0;
+        // Decode steps first (one token each), then prefill chunks, oldest first.
+        for pass in [true, false] {
+            let mut i = 0;
+            while i < self.running.len() && budget > 0 {
+                let s = &self.running[i];
+                let is_decode = s.num_scheduled >= s.n_prompt;
+                if !s.is_ready() || is_decode != pass || (pass && n_decode >= decode_cap) {
+                    i += 1;
+                    continue;
+                }
+                let chunk = s.remaining().min(budget);
+                let end = s.num_scheduled + chunk;
+                // Blocks for the chunk; preempt newer work if the pool is dry.
+                let mut ok = self.running[i].table.reserve(&mut self.pool, end).is_ok();
+                while !ok && self.preempt_newest(i) {
+                    // Preemption removes an entry after `i` (newer), never before it.
+                    ok = self.running[i].table.reserve(&mut self.pool, end).is_ok();
+                }
+                if !ok {
+                    break;
+                }
+                let s = &mut self.running[i];
+                let sample = end == s.tokens.len();
+                ids.extend_from_slice(&s.tokens[s.num_scheduled..end]);
+                seqs.push(SeqChunk {
+                    seq: s.id,
+                    len: chunk as u32,
+                    pos: s.num_scheduled as u32,
+                    blocks: s.table.blocks().to_vec(),
+                    sample: sample.then(|| sample_spec(s, &self.stop_ids)),
+                });
+                if s.num_scheduled < s.n_prompt {
+                    self.counters.prompt_tokens += chunk.min(s.n_prompt - s.num_scheduled) as u64;
+                }
+                s.num_scheduled = end;
+                s.awaiting_sample = sample;
+                s.in_flight += 1;
+                budget -= chunk;
+                n_decode += usize::from(pass);
+                i += 1;
+            }
+        }
+        if seqs.is_empty() {
+            return None;
+        }
+        let batch = self.next_batch;
+        self.next_batch += 1;
+        self.in_flight.insert(batch, seqs.iter().map(|s| s.seq).collect());
+        let traceparent = seqs
+            .iter()
+            .find_map(|c| self.running.iter().find(|s| s.id == c.seq).and_then(|s| s.req.trace))
+            .map(|t| t.to_string());
+        Some(MicroBatch {
+            forward: Forward {
+                batch,
+                rows: ids.len() as u32,
+                seqs,
+                kv_blocks_used: (self.pool.n_blocks() - self.pool.n_free()) as u64,
+                traceparent,
+            },
+            ids,
+        })
+    }
+
+    /// Takes a finished micro-batch's tokens.
+    pub fn complete(&mut self, sampled: Sampled) {
+        let Some(members) = self.in_flight.remove(&sampled.batch) else { return };
+        for id in members {
+            if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
+                s.in_flight = s.in_flight.saturating_sub(1);
+            }
+        }
+        for (id, token) in sampled.tokens {
+            let Some(i) = self.running.iter().position(|s| s.id == id) else { continue };
+            let is_stop = self.stop_ids.contains(&token);
+            self.counters.generation_tokens += 1;
+            let progress = self.running[i].push_token(token, is_stop);
+            match progress {
+                Progress::Continue => {}
+                Progress::Finished(reason) => self.finish(i, reason, false),
+                Progress::StopString => self.finish(i, FinishReason::Stop, true),
+                Progress::Aborted => {
+                    let seq = self.running.remove(i);
+                    self.counters.aborted += 1;
+                    self.release(seq);
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, i: usize, reason: FinishReason, stopped_by_string: bool) {
+        let mut seq = self.running.remove(i);
+        seq.finish(reason, stopped_by_string);
+        match reason {
+            FinishReason::Stop => self.counters.finished_stop += 1,
+            FinishReason::Length => self.counters.finished_length += 1,
+        }
+        self.release(seq);
+    }
+
+    pub fn metrics(&self) -> MetricsSnapshot {
+        let c = &self.counters;
+        MetricsSnapshot {
+            num_requests_running: self.running.len(),
+            num_requests_waiting: self.waiting.len(),
+            kv_cache_usage: if self.pool.n_blocks() == 0 {
+                0.0
+            } else {
+                1.0 - self.pool.n_free() as f64 / self.pool.n_blocks() as f64
+            },
+            prompt_tokens_total: c.prompt_tokens,
+            generation_tokens_total: c.generation_tokens,
+            requests_finished_stop: c.finished_stop,
+            requests_finished_length: c.finished_length,
+            requests_aborted: c.aborted,
+            requests_failed: c.failed,
+            preemptions_total: c.preemptions,
+            ranks: Vec::new(),
+        }
+    }
+}
+
+/// How the last rank samples `s`'s next token.
+fn sample_spec(s: &Sequence, stop_ids: &[u32]) -> SampleSpec {
+    let p = &s.req.sampling;
+    let suppress = if s.req.ignore_eos || s.n_generated() < s.req.min_tokens { stop_ids.to_vec() } else { Vec::new() };
+    SampleSpec { temperature: p.temperature, top_k: p.top_k as u32, top_p: p.top_p, seed: s.seed, suppress }
+}

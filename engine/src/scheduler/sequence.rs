@@ -1,0 +1,148 @@
+//! One request as the scheduler tracks it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::api::{GenerationEvent, GenerationRequest, Timings};
+use crate::generate::{FinishReason, StopMatcher};
+use crate::kv::BlockTable;
+use crate::model::detok::StreamDecoder;
+use crate::model::tokenizer::Tokenizer;
+
+/// A request and its progress. Its tokens are the prompt followed by what was generated;
+/// `num_scheduled` of them have been sent into the pipeline (their KV is computed or being
+/// computed), as vLLM's `num_computed_tokens` catches up with `num_tokens`.
+#[derive(Debug)]
+pub struct Sequence {
+    pub id: u64,
+    pub tokens: Vec<u32>,
+    pub n_prompt: usize,
+    pub num_scheduled: usize,
+    /// A micro-batch will bring this sequence's next token.
+    pub awaiting_sample: bool,
+    /// Micro-batches in the pipeline that hold rows of this sequence.
+    pub in_flight: u32,
+    pub table: BlockTable,
+    pub req: GenerationRequest,
+    /// The seed its sampler uses on the last rank (the request's, or one picked at arrival).
+    pub seed: u64,
+    decoder: StreamDecoder,
+    stops: StopMatcher,
+    tx: UnboundedSender<GenerationEvent>,
+    pub arrival: Instant,
+    pub scheduled_at: Option<Instant>,
+    pub first_token_at: Option<Instant>,
+}
+
+/// What a new token did to its sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    Continue,
+    Finished(FinishReason),
+    /// A stop string ended it (the text after it is dropped).
+    StopString,
+    /// The client is gone.
+    Aborted,
+}
+
+impl Sequence {
+    pub fn new(
+        id: u64,
+        req: GenerationRequest,
+        seed: u64,
+        tokenizer: Arc<Tokenizer>,
+        tx: UnboundedSender<GenerationEvent>,
+    ) -> Self {
+        let stops = StopMatcher::new(req.stop.clone());
+        Self {
+            id,
+            tokens: req.prompt.clone(),
+            n_prompt: req.prompt.len(),
+            num_scheduled: 0,
+            awaiting_sample: false,
+            in_flight: 0,
+            table: BlockTable::new(),
+            req,
+            seed,
+            decoder: StreamDecoder::new(tokenizer),
+            stops,
+            tx,
+            arrival: Instant::now(),
+            scheduled_at: None,
+            first_token_at: None,
+        }
+    }
+
+    pub fn n_generated(&self) -> usize {
+        self.tokens.len() - self.n_prompt
+    }
+
+    /// Tokens not yet sent into the pipeline.
+    pub fn remaining(&self) -> usize {
+        self.tokens.len() - self.num_scheduled
+    }
+
+    /// Ready for another chunk: something left to compute and no sample pending.
+    pub fn is_ready(&self) -> bool {
+        !self.awaiting_sample && self.remaining() > 0
+    }
+
+    pub fn client_gone(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Takes a sampled token: emits its text, and says whether the sequence is done.
+    pub fn push_token(&mut self, id: u32, is_stop: bool) -> Progress {
+        self.awaiting_sample = false;
+        self.first_token_at.get_or_insert_with(Instant::now);
+        self.tokens.push(id);
+        if is_stop && !self.req.ignore_eos {
+            return Progress::Finished(FinishReason::Stop);
+        }
+        let mut text = String::new();
+        let mut hit = false;
+        if let Some(piece) = self.decoder.push(id) {
+            (text, hit) = self.stops.push(&piece);
+        }
+        if self.tx.send(GenerationEvent::Token { id, text }).is_err() {
+            return Progress::Aborted;
+        }
+        if hit {
+            Progress::StopString
+        } else if self.n_generated() >= self.req.max_tokens {
+            Progress::Finished(FinishReason::Length)
+        } else {
+            Progress::Continue
+        }
+    }
+
+    /// Sends the final event (with any text still held back, unless a stop string cut it).
+    pub fn finish(&mut self, reason: FinishReason, stopped_by_string: bool) {
+        let mut text = String::new();
+        if !stopped_by_string {
+            let (rest, _) = self.stops.push(&self.decoder.flush());
+            text = rest + &self.stops.finish();
+        }
+        let now = Instant::now();
+        let scheduled = self.scheduled_at.unwrap_or(now);
+        let first = self.first_token_at.unwrap_or(now);
+        let timings = Timings {
+            queue: scheduled - self.arrival,
+            prefill: first.saturating_duration_since(scheduled),
+            decode: now.saturating_duration_since(first),
+        };
+        let _ = self.tx.send(GenerationEvent::Finished {
+            text,
+            reason,
+            prompt_tokens: self.n_prompt,
+            completion_tokens: self.n_generated(),
+            timings,
+        });
+    }
+
+    pub fn fail(&self, err: crate::api::EngineError) {
+        let _ = self.tx.send(GenerationEvent::Failed(err));
+    }
+}

@@ -1,0 +1,141 @@
+//! The scheduler and engine thread over the tiny model in process: continuous batching,
+//! chunked prefill and preemption change no output, and the KV pool always comes back.
+
+use std::sync::mpsc::channel;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{EngineConfig, EngineHandle, Scheduler, SchedulerConfig};
+use crate::api::{Engine, EngineError, GenerationEvent, GenerationRequest};
+use crate::backend::cpu::CpuBackend;
+use crate::generate::{generate, FinishReason, GenerateParams, SamplingParams};
+use crate::model::chat::ChatTemplate;
+use crate::model::tiny::{tiny_gguf, TINY};
+use crate::model::tokenizer::test_support::toy_tokenizer;
+use crate::model::{Llama, ModelPart};
+use crate::pipeline::{LocalDriver, Stage};
+
+fn model() -> Llama<CpuBackend> {
+    Llama::load(Arc::new(tiny_gguf(5)), Arc::new(CpuBackend::new(2)), ModelPart::full(TINY.layers)).unwrap()
+}
+
+fn engine(max_running: usize, max_batch_tokens: usize, kv_blocks: usize) -> Arc<EngineHandle> {
+    let tokenizer = Arc::new(toy_tokenizer());
+    let cfg = SchedulerConfig { max_running, max_batch_tokens, max_in_flight: 1, kv_blocks };
+    let inbox = channel();
+    let stage = Stage::new(model(), kv_blocks).unwrap();
+    let driver = LocalDriver::new(stage, inbox.0.clone());
+    let template = ChatTemplate::new("{{ messages[0]['content'] }}", "", "").unwrap();
+    let ecfg = EngineConfig { model_id: "tiny".into(), context_window: TINY.ctx };
+    EngineHandle::start(ecfg, Scheduler::new(cfg, tokenizer), driver, template, inbox).unwrap()
+}
+
+fn request(salt: u32, len: usize, max_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        prompt: (0..len as u32).map(|i| 3 + (i * 7 + salt * 13) % 260).collect(),
+        max_tokens,
+        min_tokens: 0,
+        ignore_eos: false,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+        trace: None,
+    }
+}
+
+/// Greedy tokens of `req` through the single-sequence path (no scheduler), without a final
+/// end-of-turn token (the engine counts it but sends no text event for it), and why it ended.
+fn solo(req: &GenerationRequest) -> (Vec<u32>, FinishReason) {
+    let tok = Arc::new(toy_tokenizer());
+    let params = GenerateParams { max_tokens: req.max_tokens, sampling: SamplingParams::default(), stop: Vec::new() };
+    let g = generate(&model(), &tok, &req.prompt, &params, |_| {}).unwrap();
+    let mut ids = g.tokens;
+    if g.finish == FinishReason::Stop {
+        ids.pop();
+    }
+    (ids, g.finish)
+}
+
+async fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<GenerationEvent>) -> (Vec<u32>, FinishReason, usize) {
+    let mut ids = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            GenerationEvent::Token { id, .. } => ids.push(id),
+            GenerationEvent::Finished { reason, completion_tokens, .. } => return (ids, reason, completion_tokens),
+            GenerationEvent::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+    panic!("the stream ended without Finished");
+}
+
+async fn wait_kv_free(e: &EngineHandle) {
+    for _ in 0..200 {
+        let h = e.health();
+        if h.ranks[0].kv_tokens_used == 0 && e.metrics().num_requests_running == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("KV blocks were not returned: {:?}", e.health());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_match_solo_runs() {
+    let reqs: Vec<_> = (0..8).map(|i| request(i, 5 + 3 * i as usize, 12)).collect();
+    let want: Vec<_> = reqs.iter().map(solo).collect();
+    let e = engine(8, 64, 64);
+    let rxs: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let (ids, reason, n) = collect(rx).await;
+        assert_eq!((&ids, reason), (&want[i].0, want[i].1), "request {i}");
+        assert_eq!(n, ids.len() + usize::from(reason == FinishReason::Stop));
+    }
+    wait_kv_free(&e).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_prefill_and_preemption_change_nothing() {
+    // Chunks of 8 tokens, 3 running at once, and a pool of 8 blocks for 4 requests that need
+    // 3 blocks each at the end: chunking and preemption must both happen.
+    let reqs: Vec<_> = (0..4).map(|i| request(10 + i, 30, 16)).collect();
+    let want: Vec<_> = reqs.iter().map(solo).collect();
+    let e = engine(3, 8, 8);
+    let rxs: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let (ids, reason, _) = collect(rx).await;
+        assert_eq!((&ids, reason), (&want[i].0, want[i].1), "request {i}");
+    }
+    wait_kv_free(&e).await;
+    assert!(e.metrics().preemptions_total > 0, "the pool was small enough to force preemption");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_requests_free_their_blocks() {
+    let e = engine(4, 64, 64);
+    let mut rxs: Vec<_> = (0..4)
+        .map(|i| e.submit(GenerationRequest { ignore_eos: true, ..request(20 + i, 20, 200) }).unwrap())
+        .collect();
+    // Let them start, then hang up on all of them.
+    for rx in &mut rxs {
+        assert!(matches!(rx.recv().await, Some(GenerationEvent::Token { .. })));
+    }
+    assert!(e.health().ranks[0].kv_tokens_used > 0);
+    drop(rxs);
+    wait_kv_free(&e).await;
+    assert_eq!(e.metrics().requests_aborted, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_tokens_min_tokens_and_the_context_window() {
+    let e = engine(4, 64, 64);
+    // The context window is refused before any work.
+    let err = e.submit(request(1, 200, 100)).unwrap_err();
+    assert!(matches!(err, EngineError::Invalid { code: "context_length_exceeded", .. }), "{err:?}");
+    // min_tokens suppresses end-of-turn tokens: with every stop id suppressed for 10 tokens the
+    // request runs to at least 10.
+    let mut r = request(3, 6, 10);
+    r.ignore_eos = false;
+    r.min_tokens = 10;
+    let (ids, reason, _) = collect(e.submit(r).unwrap()).await;
+    assert_eq!((ids.len(), reason), (10, FinishReason::Length));
+    assert!(ids.iter().all(|t| !e.tokenizer().is_stop(*t)), "{ids:?}");
+}

@@ -1,0 +1,169 @@
+//! `POST /v1/chat/completions`.
+
+use super::body::Body;
+use super::error::ApiError;
+use super::generation::{
+    build_request, collect, new_id, to_json, unix_now, with_bos, ChunkFormatter, Finish, SseStream,
+    Tracker,
+};
+use super::types::{
+    AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChunkChoice, Delta, ResponseMeta,
+    ToolCall, ToolCallDelta,
+};
+use super::{parse, tools, Call, State};
+use crate::generate::FinishReason;
+use http::Response;
+
+pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, ApiError> {
+    let req = parse::chat_request(&parse::json(&call.body)?)?;
+    let engine = &state.engine;
+    let use_tools = tools::enabled(&req);
+    let messages = tools::render_messages(&req);
+    let text = engine
+        .chat_template()
+        .render(&messages, true)
+        .map_err(|e| ApiError::invalid("messages", format!("messages: {e}")))?;
+    let tokenizer = engine.tokenizer();
+    let ids = tokenizer
+        .encode(&text, true)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let ids = with_bos(tokenizer, ids);
+    let gen = build_request(
+        engine.context_window(),
+        ids,
+        &req.sampling,
+        call.trace,
+        "messages",
+    )?;
+    let rx = engine.submit(gen)?;
+    let meta = ResponseMeta {
+        id: new_id("chatcmpl-"),
+        created: unix_now(),
+        model: engine.model_id().to_owned(),
+    };
+    let tracker = Tracker::new(call.start, state.http.clone());
+    if req.sampling.stream {
+        let fmt = ChatStream {
+            meta,
+            splitter: use_tools.then(tools::StreamSplitter::default),
+            include_usage: req.sampling.include_usage,
+        };
+        return Ok(super::sse_response(SseStream::new(
+            rx,
+            Box::new(fmt),
+            tracker,
+        )));
+    }
+    let done = collect(rx, tracker).await?;
+    let reason = done.reason;
+    let (content, tool_calls) = if use_tools {
+        let parsed = tools::parse_output(&done.text);
+        (parsed.content, parsed.calls)
+    } else {
+        (Some(done.text), Vec::new())
+    };
+    let resp = ChatCompletion {
+        id: meta.id,
+        object: "chat.completion",
+        created: meta.created,
+        model: meta.model,
+        choices: vec![ChatChoice {
+            index: 0,
+            finish_reason: finish_reason(reason, &tool_calls),
+            message: AssistantMessage {
+                role: "assistant",
+                content,
+                tool_calls,
+            },
+            logprobs: None,
+        }],
+        usage: done.usage,
+    };
+    Ok(super::json_response(http::StatusCode::OK, &resp))
+}
+
+fn finish_reason(reason: FinishReason, calls: &[ToolCall]) -> &'static str {
+    if calls.is_empty() {
+        reason.as_str()
+    } else {
+        "tool_calls"
+    }
+}
+
+/// The chunks of a streamed chat completion.
+struct ChatStream {
+    meta: ResponseMeta,
+    /// Present when the request offers tools.
+    splitter: Option<tools::StreamSplitter>,
+    include_usage: bool,
+}
+
+impl ChatStream {
+    fn chunk(&self, delta: Delta, finish_reason: Option<&'static str>) -> String {
+        let choice = ChunkChoice {
+            index: 0,
+            delta,
+            logprobs: None,
+            finish_reason,
+        };
+        to_json(&ChatChunk::new(&self.meta, Some(choice), None))
+    }
+
+    fn content(&self, text: String) -> String {
+        self.chunk(
+            Delta {
+                content: Some(text),
+                ..Delta::default()
+            },
+            None,
+        )
+    }
+}
+
+impl ChunkFormatter for ChatStream {
+    fn start(&mut self, out: &mut Vec<String>) {
+        let delta = Delta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+            tool_calls: None,
+        };
+        out.push(self.chunk(delta, None));
+    }
+
+    fn text(&mut self, text: &str, out: &mut Vec<String>) {
+        let text = match &mut self.splitter {
+            Some(s) => s.push(text),
+            None => text.to_owned(),
+        };
+        if !text.is_empty() {
+            out.push(self.content(text));
+        }
+    }
+
+    fn finish(&mut self, done: Finish, out: &mut Vec<String>) {
+        let (rest, calls) = match self.splitter.take() {
+            Some(s) => s.finish(&done.text),
+            None => (done.text.clone(), Vec::new()),
+        };
+        if !rest.is_empty() {
+            out.push(self.content(rest));
+        }
+        let reason = finish_reason(done.reason, &calls);
+        if !calls.is_empty() {
+            let deltas = calls
+                .into_iter()
+                .enumerate()
+                .map(|(index, call)| ToolCallDelta { index, call })
+                .collect();
+            let delta = Delta {
+                tool_calls: Some(deltas),
+                ..Delta::default()
+            };
+            out.push(self.chunk(delta, None));
+        }
+        out.push(self.chunk(Delta::default(), Some(reason)));
+        if self.include_usage {
+            out.push(to_json(&ChatChunk::new(&self.meta, None, Some(done.usage))));
+        }
+    }
+}

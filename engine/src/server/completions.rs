@@ -1,0 +1,112 @@
+//! `POST /v1/completions`.
+
+use http::{Response, StatusCode};
+
+use super::body::Body;
+use super::error::ApiError;
+use super::generation::{
+    build_request, collect, new_id, to_json, unix_now, with_bos, ChunkFormatter, Finish, SseStream,
+    Tracker,
+};
+use super::types::{Completion, CompletionChoice, Prompt, ResponseMeta};
+use super::{parse, Call, State};
+
+pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, ApiError> {
+    let req = parse::completion_request(&parse::json(&call.body)?)?;
+    let engine = &state.engine;
+    let tokenizer = engine.tokenizer();
+    let ids = match req.prompt {
+        // Special-token text in a user's prompt is plain text.
+        Prompt::Text(text) => tokenizer
+            .encode(&text, false)
+            .map_err(|e| ApiError::internal(e.to_string()))?,
+        Prompt::Tokens(ids) => {
+            let vocab = tokenizer.vocab_size();
+            if let Some(i) = ids.iter().position(|&t| t as usize >= vocab) {
+                return Err(ApiError::invalid(
+                    format!("prompt[{i}]"),
+                    format!(
+                        "prompt[{i}]: token id {} is outside the vocabulary ({vocab} tokens)",
+                        ids[i]
+                    ),
+                ));
+            }
+            ids
+        }
+    };
+    let ids = with_bos(tokenizer, ids);
+    let gen = build_request(
+        engine.context_window(),
+        ids,
+        &req.sampling,
+        call.trace,
+        "prompt",
+    )?;
+    let rx = engine.submit(gen)?;
+    let meta = ResponseMeta {
+        id: new_id("cmpl-"),
+        created: unix_now(),
+        model: engine.model_id().to_owned(),
+    };
+    let tracker = Tracker::new(call.start, state.http.clone());
+    if req.sampling.stream {
+        let fmt = CompletionStream {
+            meta,
+            include_usage: req.sampling.include_usage,
+        };
+        return Ok(super::sse_response(SseStream::new(
+            rx,
+            Box::new(fmt),
+            tracker,
+        )));
+    }
+    let done = collect(rx, tracker).await?;
+    let choice = CompletionChoice {
+        index: 0,
+        text: done.text,
+        logprobs: None,
+        finish_reason: Some(done.reason.as_str()),
+    };
+    let resp = Completion::new(&meta, Some(choice), Some(done.usage));
+    Ok(super::json_response(StatusCode::OK, &resp))
+}
+
+/// The chunks of a streamed completion.
+struct CompletionStream {
+    meta: ResponseMeta,
+    include_usage: bool,
+}
+
+impl CompletionStream {
+    fn chunk(&self, text: String, finish_reason: Option<&'static str>) -> String {
+        let choice = CompletionChoice {
+            index: 0,
+            text,
+            logprobs: None,
+            finish_reason,
+        };
+        to_json(&Completion::new(&self.meta, Some(choice), None))
+    }
+}
+
+impl ChunkFormatter for CompletionStream {
+    fn start(&mut self, _out: &mut Vec<String>) {}
+
+    fn text(&mut self, text: &str, out: &mut Vec<String>) {
+        out.push(self.chunk(text.to_owned(), None));
+    }
+
+    fn finish(&mut self, done: Finish, out: &mut Vec<String>) {
+        if !done.text.is_empty() {
+            out.push(self.chunk(done.text, None));
+        }
+        out.push(self.chunk(String::new(), Some(done.reason.as_str())));
+        if self.include_usage {
+            out.push(to_json(&Completion::new(
+                &self.meta,
+                None,
+                Some(done.usage),
+            )));
+        }
+    }
+}

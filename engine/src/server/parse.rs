@@ -1,0 +1,485 @@
+//! Reading OpenAI requests from JSON, naming the offending field in every error
+//! (`messages[1].content: expected a string or an array of text parts`). Unknown fields are
+//! ignored; `null` is the same as absent.
+
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+use super::types::{
+    ChatRequest, CompletionRequest, HistoryToolCall, Message, Prompt, Role, Sampling, ToolChoice,
+    ToolDef,
+};
+use crate::generate::SamplingParams;
+
+/// OpenAI's limit on stop sequences.
+const MAX_STOP: usize = 4;
+
+/// Parses the body as JSON; a syntax error names the line and column.
+pub(crate) fn json(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_json(&e))
+}
+
+/// A JSON object at a path of the request.
+pub(crate) struct Obj<'a> {
+    map: &'a Map<String, Value>,
+    prefix: String,
+}
+
+impl<'a> Obj<'a> {
+    fn at(value: &'a Value, prefix: String, what: &str) -> Result<Self, ApiError> {
+        match value {
+            Value::Object(map) => Ok(Self { map, prefix }),
+            _ if prefix.is_empty() => Err(ApiError::invalid(
+                "",
+                format!("the request body must be {what}"),
+            )),
+            _ => Err(ApiError::expected(&prefix, what)),
+        }
+    }
+
+    fn path(&self, key: &str) -> String {
+        if self.prefix.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{}.{key}", self.prefix)
+        }
+    }
+
+    /// The field, `None` when absent or null.
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn typed<T>(
+        &self,
+        key: &str,
+        what: &str,
+        f: impl FnOnce(&'a Value) -> Option<T>,
+    ) -> Result<Option<T>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => f(v)
+                .map(Some)
+                .ok_or_else(|| ApiError::expected(&self.path(key), what)),
+        }
+    }
+
+    fn str(&self, key: &str) -> Result<Option<&'a str>, ApiError> {
+        self.typed(key, "a string", Value::as_str)
+    }
+
+    fn bool(&self, key: &str) -> Result<Option<bool>, ApiError> {
+        self.typed(key, "a boolean", Value::as_bool)
+    }
+
+    fn f64(&self, key: &str) -> Result<Option<f64>, ApiError> {
+        self.typed(key, "a number", Value::as_f64)
+    }
+
+    fn usize(&self, key: &str) -> Result<Option<usize>, ApiError> {
+        self.typed(key, "a non-negative integer", |v| {
+            v.as_u64().and_then(|n| usize::try_from(n).ok())
+        })
+    }
+
+    fn array(&self, key: &str, what: &str) -> Result<Option<&'a Vec<Value>>, ApiError> {
+        self.typed(key, what, Value::as_array)
+    }
+
+    fn object(&self, key: &str, what: &str) -> Result<Option<Obj<'a>>, ApiError> {
+        self.get(key)
+            .map(|v| Obj::at(v, self.path(key), what))
+            .transpose()
+    }
+
+    fn required<T>(&self, key: &str, v: Option<T>) -> Result<T, ApiError> {
+        let path = self.path(key);
+        v.ok_or_else(|| ApiError::invalid(&path, format!("{path}: required")))
+    }
+}
+
+fn in_range(
+    o: &Obj,
+    key: &str,
+    v: Option<f64>,
+    lo: f64,
+    hi: f64,
+    incl_lo: bool,
+) -> Result<(), ApiError> {
+    match v {
+        Some(x) if !(x <= hi && (x > lo || (incl_lo && x == lo))) => {
+            let path = o.path(key);
+            let open = if incl_lo { "[" } else { "(" };
+            Err(ApiError::invalid(
+                &path,
+                format!("{path}: must be in {open}{lo}, {hi}], got {x}"),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The fields both endpoints share.
+fn sampling(o: &Obj) -> Result<Sampling, ApiError> {
+    if let Some(n) = o.usize("n")? {
+        if n != 1 {
+            return Err(ApiError::unsupported(
+                "n",
+                format!("n: only n = 1 is supported, got {n}"),
+            ));
+        }
+    }
+    let max_tokens = match o.usize("max_completion_tokens")? {
+        Some(m) => Some((m, "max_completion_tokens")),
+        None => o.usize("max_tokens")?.map(|m| (m, "max_tokens")),
+    };
+    if let Some((0, key)) = max_tokens {
+        return Err(ApiError::invalid(key, format!("{key}: must be at least 1")));
+    }
+    let max_tokens = max_tokens.map(|(m, _)| m);
+    let min_tokens = o.usize("min_tokens")?.unwrap_or(0);
+    if max_tokens.is_some_and(|m| min_tokens > m) {
+        return Err(ApiError::invalid(
+            "min_tokens",
+            format!("min_tokens: {min_tokens} is more than max_tokens"),
+        ));
+    }
+    let temperature = o.f64("temperature")?;
+    in_range(o, "temperature", temperature, 0.0, 2.0, true)?;
+    let top_p = o.f64("top_p")?;
+    in_range(o, "top_p", top_p, 0.0, 1.0, false)?;
+    // vLLM's convention: -1 (or 0) disables top-k.
+    let top_k = match o.get("top_k") {
+        None => 0,
+        Some(v) => match v.as_i64() {
+            Some(-1) => 0,
+            Some(k) if k >= 0 => usize::try_from(k).unwrap_or(usize::MAX),
+            _ => return Err(ApiError::expected("top_k", "a non-negative integer or -1")),
+        },
+    };
+    let seed = o.typed("seed", "an integer", |v| {
+        v.as_u64().or_else(|| v.as_i64().map(|i| i as u64))
+    })?;
+    let stream = o.bool("stream")?.unwrap_or(false);
+    let include_usage = match o.object("stream_options", "an object")? {
+        Some(so) => so.bool("include_usage")?.unwrap_or(false),
+        None => false,
+    };
+    Ok(Sampling {
+        max_tokens,
+        min_tokens,
+        ignore_eos: o.bool("ignore_eos")?.unwrap_or(false),
+        params: SamplingParams {
+            temperature: temperature.unwrap_or(1.0) as f32,
+            top_k,
+            top_p: top_p.unwrap_or(1.0) as f32,
+            seed,
+        },
+        stop: stop(o)?,
+        stream,
+        include_usage,
+    })
+}
+
+fn stop(o: &Obj) -> Result<Vec<String>, ApiError> {
+    let list = match o.get("stop") {
+        None => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => {
+            if items.len() > MAX_STOP {
+                return Err(ApiError::invalid(
+                    "stop",
+                    format!(
+                        "stop: at most {MAX_STOP} stop sequences are allowed, got {}",
+                        items.len()
+                    ),
+                ));
+            }
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| ApiError::expected(&format!("stop[{i}]"), "a string"))
+                })
+                .collect::<Result<_, _>>()?
+        }
+        Some(_) => {
+            return Err(ApiError::expected(
+                "stop",
+                "a string or an array of strings",
+            ))
+        }
+    };
+    // An empty stop string would end every generation at once.
+    Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+/// `body` must be an object; `model`, when given, a string (any name is served).
+fn root(body: &Value) -> Result<Obj<'_>, ApiError> {
+    let o = Obj::at(body, String::new(), "a JSON object")?;
+    o.str("model")?;
+    Ok(o)
+}
+
+pub(crate) fn chat_request(body: &Value) -> Result<ChatRequest, ApiError> {
+    let o = root(body)?;
+    match o.get("logprobs") {
+        None | Some(Value::Bool(false)) => {}
+        Some(Value::Bool(true)) => {
+            return Err(ApiError::unsupported(
+                "logprobs",
+                "logprobs: not supported by this server (only false)",
+            ))
+        }
+        Some(_) => return Err(ApiError::expected("logprobs", "a boolean")),
+    }
+    if o.usize("top_logprobs")?.is_some_and(|n| n > 0) {
+        return Err(ApiError::unsupported(
+            "top_logprobs",
+            "top_logprobs: not supported by this server",
+        ));
+    }
+    let items = o.array("messages", "an array of messages")?;
+    let items = o.required("messages", items)?;
+    if items.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "messages: must contain at least one message",
+        ));
+    }
+    let messages = items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| message(v, i))
+        .collect::<Result<_, _>>()?;
+    let tools = match o.array("tools", "an array of tools")? {
+        Some(list) => list
+            .iter()
+            .enumerate()
+            .map(|(i, v)| tool(v, i))
+            .collect::<Result<_, _>>()?,
+        None => Vec::new(),
+    };
+    Ok(ChatRequest {
+        tool_choice: tool_choice(&o, &tools)?,
+        messages,
+        tools,
+        sampling: sampling(&o)?,
+    })
+}
+
+fn message(v: &Value, i: usize) -> Result<Message, ApiError> {
+    let o = Obj::at(v, format!("messages[{i}]"), "a message object")?;
+    let role = o.str("role")?;
+    let role = match o.required("role", role)? {
+        "system" | "developer" => Role::System,
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        "tool" => Role::Tool,
+        other => {
+            let path = o.path("role");
+            return Err(ApiError::invalid(
+                &path,
+                format!(
+                    "{path}: unknown role {other:?} (expected system, user, assistant or tool)"
+                ),
+            ));
+        }
+    };
+    let content = content(&o)?;
+    let mut tool_calls = Vec::new();
+    if role == Role::Assistant {
+        for (j, call) in o
+            .array("tool_calls", "an array of tool calls")?
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let c = Obj::at(
+                call,
+                format!("{}[{j}]", o.path("tool_calls")),
+                "a tool call object",
+            )?;
+            let f = c.object("function", "an object")?;
+            let f = c.required("function", f)?;
+            let name = f.str("name")?;
+            let arguments = match f.get("arguments") {
+                None => "{}".to_owned(),
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+            };
+            tool_calls.push(HistoryToolCall {
+                name: f.required("name", name)?.to_owned(),
+                arguments,
+            });
+        }
+    }
+    if content.is_none() && !(role == Role::Assistant) {
+        o.required("content", None::<()>)?;
+    }
+    Ok(Message {
+        role,
+        content,
+        tool_calls,
+        tool_call_id: o.str("tool_call_id")?.map(str::to_owned),
+    })
+}
+
+fn content(o: &Obj) -> Result<Option<String>, ApiError> {
+    let parts = match o.get("content") {
+        None => return Ok(None),
+        Some(Value::String(s)) => return Ok(Some(s.clone())),
+        Some(Value::Array(parts)) => parts,
+        Some(_) => {
+            return Err(ApiError::expected(
+                &o.path("content"),
+                "a string or an array of text parts",
+            ))
+        }
+    };
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, part) in parts.iter().enumerate() {
+        let p = Obj::at(
+            part,
+            format!("{}[{j}]", o.path("content")),
+            "a content part object",
+        )?;
+        match p.str("type")? {
+            Some("text") => {}
+            Some(other) => {
+                let path = p.path("type");
+                return Err(ApiError::unsupported(
+                    &path,
+                    format!("{path}: only \"text\" content parts are supported, got {other:?}"),
+                ));
+            }
+            None => return Err(ApiError::expected(&p.path("type"), "\"text\"")),
+        }
+        let text = p.str("text")?;
+        texts.push(p.required("text", text)?);
+    }
+    Ok(Some(texts.join("\n")))
+}
+
+fn tool(v: &Value, i: usize) -> Result<ToolDef, ApiError> {
+    let o = Obj::at(v, format!("tools[{i}]"), "a tool object")?;
+    match o.str("type")? {
+        None | Some("function") => {}
+        Some(other) => {
+            let path = o.path("type");
+            return Err(ApiError::unsupported(
+                &path,
+                format!("{path}: only \"function\" tools are supported, got {other:?}"),
+            ));
+        }
+    }
+    let f = o.object("function", "an object")?;
+    let f = o.required("function", f)?;
+    let name = f.str("name")?;
+    let name = f.required("name", name.filter(|n| !n.is_empty()))?;
+    // Built by hand to keep the conventional key order (serde_json's maps are sorted).
+    let mut function = format!("{{\"name\":{}", Value::from(name));
+    if let Some(d) = f.str("description")? {
+        function.push_str(&format!(",\"description\":{}", Value::from(d)));
+    }
+    if let Some(p) = f.object("parameters", "a JSON schema object")? {
+        function.push_str(&format!(",\"parameters\":{}", Value::Object(p.map.clone())));
+    }
+    function.push('}');
+    Ok(ToolDef {
+        name: name.to_owned(),
+        schema: format!("{{\"type\":\"function\",\"function\":{function}}}"),
+    })
+}
+
+fn tool_choice(o: &Obj, tools: &[ToolDef]) -> Result<ToolChoice, ApiError> {
+    match o.get("tool_choice") {
+        None => Ok(ToolChoice::Auto),
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => Ok(ToolChoice::None),
+            "auto" => Ok(ToolChoice::Auto),
+            "required" => Ok(ToolChoice::Required),
+            other => Err(ApiError::invalid(
+                "tool_choice",
+                format!("tool_choice: expected \"none\", \"auto\", \"required\" or a function, got {other:?}"),
+            )),
+        },
+        Some(v) => {
+            let c = Obj::at(v, "tool_choice".into(), "a string or a function object")?;
+            let f = c.object("function", "an object")?;
+            let name = c.required("function", f)?.str("name")?;
+            let name = c.required("function.name", name)?;
+            if !tools.iter().any(|t| t.name == name) {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("tool_choice: function {name:?} is not among the request's tools"),
+                ));
+            }
+            Ok(ToolChoice::Function(name.to_owned()))
+        }
+    }
+}
+
+pub(crate) fn completion_request(body: &Value) -> Result<CompletionRequest, ApiError> {
+    let o = root(body)?;
+    match o.get("logprobs") {
+        None | Some(Value::Bool(false)) => {}
+        Some(_) => {
+            return Err(ApiError::unsupported(
+                "logprobs",
+                "logprobs: not supported by this server (only null)",
+            ))
+        }
+    }
+    if o.bool("echo")? == Some(true) {
+        return Err(ApiError::unsupported(
+            "echo",
+            "echo: not supported by this server (only false)",
+        ));
+    }
+    if o.usize("best_of")?.is_some_and(|n| n != 1) {
+        return Err(ApiError::unsupported(
+            "best_of",
+            "best_of: only 1 is supported",
+        ));
+    }
+    let prompt = o.required("prompt", o.get("prompt"))?;
+    Ok(CompletionRequest {
+        prompt: prompt_value(prompt)?,
+        sampling: sampling(&o)?,
+    })
+}
+
+fn prompt_value(v: &Value) -> Result<Prompt, ApiError> {
+    const WHAT: &str = "a string, an array of one string, or an array of token ids";
+    let token = |v: &Value| v.as_u64().and_then(|t| u32::try_from(t).ok());
+    match v {
+        Value::String(s) => Ok(Prompt::Text(s.clone())),
+        Value::Array(items) => match items.as_slice() {
+            [] => Err(ApiError::invalid("prompt", "prompt: must not be empty")),
+            [Value::String(s)] => Ok(Prompt::Text(s.clone())),
+            [Value::Array(ids)] => ids
+                .iter()
+                .map(token)
+                .collect::<Option<_>>()
+                .map(Prompt::Tokens)
+                .ok_or_else(|| ApiError::expected("prompt[0]", "an array of token ids")),
+            [Value::String(_) | Value::Array(_), ..] => Err(ApiError::unsupported(
+                "prompt",
+                "prompt: only one prompt per request is supported",
+            )),
+            _ => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    token(v)
+                        .ok_or_else(|| ApiError::expected(&format!("prompt[{i}]"), "a token id"))
+                })
+                .collect::<Result<_, _>>()
+                .map(Prompt::Tokens),
+        },
+        _ => Err(ApiError::expected("prompt", WHAT)),
+    }
+}

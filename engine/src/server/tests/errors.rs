@@ -1,0 +1,114 @@
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{within, TestServer};
+
+#[tokio::test]
+async fn bad_json_names_the_position() {
+    let s = TestServer::start(vec![]).await;
+    let r = s
+        .send("POST", "/v1/chat/completions", "{\"messages\": [}", &[])
+        .await;
+    let e = r.error(400);
+    assert_eq!(e["type"], "invalid_request_error");
+    assert_eq!(e["param"], serde_json::Value::Null);
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains("not valid JSON") && msg.contains("line 1 column 15"),
+        "{msg}"
+    );
+    let e = s
+        .send("POST", "/v1/chat/completions", "[1]", &[])
+        .await
+        .error(400);
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("must be a JSON object"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn validation_errors_name_the_field() {
+    let s = TestServer::start(vec![]).await;
+    let user = json!({"role": "user", "content": "hi"});
+    for (body, param, message) in [
+        (json!({"messages": "hi"}), "messages", "messages: expected an array of messages"),
+        (json!({}), "messages", "messages: required"),
+        (json!({"messages": []}), "messages", "messages: must contain at least one message"),
+        (
+            json!({"messages": [user, {"role": "user", "content": 5}]}),
+            "messages[1].content",
+            "messages[1].content: expected a string or an array of text parts",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}),
+            "messages[0].content[0].type",
+            "messages[0].content[0].type: only \"text\" content parts are supported, got \"image_url\"",
+        ),
+        (json!({"messages": [{"role": "robot", "content": "x"}]}), "messages[0].role", "unknown role \"robot\""),
+        (json!({"messages": [{"role": "user"}]}), "messages[0].content", "messages[0].content: required"),
+        (json!({"messages": [user], "n": 2}), "n", "n: only n = 1 is supported, got 2"),
+        (json!({"messages": [user], "logprobs": true}), "logprobs", "logprobs: not supported"),
+        (json!({"messages": [user], "top_logprobs": 3}), "top_logprobs", "top_logprobs: not supported"),
+        (
+            json!({"messages": [user], "stop": ["a", "b", "c", "d", "e"]}),
+            "stop",
+            "stop: at most 4 stop sequences are allowed, got 5",
+        ),
+        (json!({"messages": [user], "stop": [1]}), "stop[0]", "stop[0]: expected a string"),
+        (json!({"messages": [user], "temperature": "hot"}), "temperature", "temperature: expected a number"),
+        (json!({"messages": [user], "temperature": 3}), "temperature", "temperature: must be in [0, 2]"),
+        (json!({"messages": [user], "top_p": 0}), "top_p", "top_p: must be in (0, 1]"),
+        (json!({"messages": [user], "max_tokens": 0}), "max_tokens", "max_tokens: must be at least 1"),
+        (json!({"messages": [user], "max_tokens": -3}), "max_tokens", "max_tokens: expected a non-negative integer"),
+        (json!({"messages": [user], "max_tokens": 2, "min_tokens": 3}), "min_tokens", "min_tokens: 3 is more"),
+        (json!({"messages": [user], "stream": "yes"}), "stream", "stream: expected a boolean"),
+        (json!({"messages": [user], "model": 3}), "model", "model: expected a string"),
+        (json!({"messages": [user], "tools": [{"type": "function", "function": {}}]}), "tools[0].function.name", "tools[0].function.name: required"),
+        (json!({"messages": [user], "tool_choice": "sometimes"}), "tool_choice", "tool_choice: expected"),
+    ] {
+        let e = s.post("/v1/chat/completions", &body).await.error(400);
+        assert_eq!(e["type"], "invalid_request_error", "{body}");
+        assert_eq!(e["param"], param, "{body}: {e}");
+        let got = e["message"].as_str().unwrap();
+        assert!(got.contains(message), "{body}: {got:?} does not contain {message:?}");
+    }
+    assert!(s.engine.requests.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn unknown_paths_and_wrong_methods() {
+    let s = TestServer::start(vec![]).await;
+    let e = s.get("/v1/nope").await.error(404);
+    assert_eq!(e["message"], "Invalid URL (GET /v1/nope)");
+    assert_eq!(e["type"], "invalid_request_error");
+    let r = s.get("/v1/chat/completions").await;
+    let e = r.error(405);
+    assert_eq!(r.headers["allow"], "POST");
+    assert!(e["message"].as_str().unwrap().contains("GET"), "{e}");
+    let r = s.send("POST", "/health", "", &[]).await;
+    r.error(405);
+    assert_eq!(r.headers["allow"], "GET");
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_refused() {
+    let s = TestServer::start(vec![]).await;
+    // Only the headers: the server answers without reading a body.
+    let mut stream = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    stream
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+              content-length: 5000000\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    within(stream.read_to_end(&mut buf)).await.unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("\"code\":\"request_too_large\""), "{text}");
+}

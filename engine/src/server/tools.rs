@@ -1,0 +1,258 @@
+//! Tool calling for chat templates that do not know tools (SmolLM2's), the Hermes/Qwen way:
+//! the function schemas go into the system prompt inside `<tools></tools>`, the model answers
+//! with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, and history renders as
+//! `<tool_call>` / `<tool_response>` text.
+
+use serde_json::Value;
+
+use super::generation::new_id;
+use super::types::{ChatRequest, FunctionCall, Message, Role, ToolCall, ToolChoice};
+use crate::model::chat::ChatMessage;
+
+const CALL_OPEN: &str = "<tool_call>";
+const CALL_CLOSE: &str = "</tool_call>";
+
+/// Whether the model is offered the request's tools (`tool_choice: "none"` disables them).
+pub(crate) fn enabled(req: &ChatRequest) -> bool {
+    !req.tools.is_empty() && req.tool_choice != ToolChoice::None
+}
+
+/// The system prompt that lists the tools, after the request's own system text (if any).
+fn system_prompt(system: Option<&str>, req: &ChatRequest) -> String {
+    let mut s = String::new();
+    if let Some(sys) = system.filter(|t| !t.is_empty()) {
+        s.push_str(sys);
+        s.push_str("\n\n");
+    }
+    s.push_str(
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+         You are provided with function signatures within <tools></tools> XML tags:\n<tools>",
+    );
+    for tool in &req.tools {
+        s.push('\n');
+        s.push_str(&tool.schema);
+    }
+    s.push_str(
+        "\n</tools>\n\nFor each function call, return a json object with function name and \
+         arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n\
+         {\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
+    );
+    match &req.tool_choice {
+        ToolChoice::Required => s.push_str("\n\nYou must call at least one function."),
+        ToolChoice::Function(name) => {
+            s.push_str(&format!("\n\nYou must call the function {name:?}."));
+        }
+        ToolChoice::None | ToolChoice::Auto => {}
+    }
+    s
+}
+
+/// A call of the history as the model would have written it.
+fn call_text(name: &str, arguments: &str) -> String {
+    // Arguments are a JSON string in the API but an object in the model's own output.
+    let args = serde_json::from_str::<Value>(arguments)
+        .unwrap_or_else(|_| Value::String(arguments.to_owned()));
+    // By hand: `name` first, as the model writes it (serde_json's maps are sorted).
+    let name = Value::from(name);
+    format!("{CALL_OPEN}\n{{\"name\":{name},\"arguments\":{args}}}\n{CALL_CLOSE}")
+}
+
+/// The messages the chat template renders: the tools merged into the system prompt (when
+/// enabled), assistant tool calls as `<tool_call>` text, and tool results as `<tool_response>`
+/// blocks in a user turn (consecutive results share one turn, as Qwen's template does).
+pub(crate) fn render_messages(req: &ChatRequest) -> Vec<ChatMessage> {
+    let mut out = Vec::with_capacity(req.messages.len() + 1);
+    let mut rest: &[Message] = &req.messages;
+    if enabled(req) {
+        let system = match rest.first() {
+            Some(m) if m.role == Role::System => {
+                rest = &rest[1..];
+                m.content.as_deref()
+            }
+            _ => None,
+        };
+        out.push(ChatMessage::new("system", system_prompt(system, req)));
+    }
+    let mut last_was_tool = false;
+    for m in rest {
+        let content = m.content.as_deref().unwrap_or("");
+        match m.role {
+            Role::Tool => {
+                let block = format!("<tool_response>\n{content}\n</tool_response>");
+                match out.last_mut() {
+                    Some(prev) if last_was_tool => {
+                        prev.content.push('\n');
+                        prev.content.push_str(&block);
+                    }
+                    _ => out.push(ChatMessage::new("user", block)),
+                }
+            }
+            Role::Assistant if !m.tool_calls.is_empty() => {
+                let mut parts: Vec<String> = Vec::new();
+                if !content.is_empty() {
+                    parts.push(content.to_owned());
+                }
+                parts.extend(
+                    m.tool_calls
+                        .iter()
+                        .map(|c| call_text(&c.name, &c.arguments)),
+                );
+                out.push(ChatMessage::new("assistant", parts.join("\n")));
+            }
+            role => out.push(ChatMessage::new(role.as_str(), content)),
+        }
+        last_was_tool = m.role == Role::Tool;
+    }
+    out
+}
+
+/// Generated text split into content and tool calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Parsed {
+    /// The text outside the tags, trimmed; `None` when empty.
+    pub content: Option<String>,
+    pub calls: Vec<ToolCall>,
+}
+
+/// `{"name": "...", "arguments": {...}}` as an OpenAI tool call.
+fn parse_call(inner: &str) -> Option<ToolCall> {
+    let v: Value = serde_json::from_str(inner.trim()).ok()?;
+    let name = v.get("name")?.as_str()?.to_owned();
+    let arguments = match v.get("arguments").or_else(|| v.get("parameters")) {
+        None | Some(Value::Null) => "{}".to_owned(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    };
+    Some(ToolCall {
+        id: new_id("call_"),
+        kind: "function",
+        function: FunctionCall { name, arguments },
+    })
+}
+
+/// Finds each `<tool_call>{json}</tool_call>` (the last one may be unterminated). A call whose
+/// JSON does not parse stays in the content, tags and all.
+pub(crate) fn parse_output(text: &str) -> Parsed {
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(CALL_OPEN) {
+        content.push_str(&rest[..start]);
+        let after = &rest[start + CALL_OPEN.len()..];
+        let (inner, consumed) = match after.find(CALL_CLOSE) {
+            Some(end) => (
+                &after[..end],
+                start + CALL_OPEN.len() + end + CALL_CLOSE.len(),
+            ),
+            None => (after, rest.len()),
+        };
+        match parse_call(inner) {
+            Some(call) => calls.push(call),
+            None => content.push_str(&rest[start..consumed]),
+        }
+        rest = &rest[consumed..];
+    }
+    content.push_str(rest);
+    let content = content.trim();
+    Parsed {
+        content: (!content.is_empty()).then(|| content.to_owned()),
+        calls,
+    }
+}
+
+/// Streaming with tools: passes text through until `<tool_call>` may be starting, then holds
+/// everything back until the end.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct StreamSplitter {
+    held: String,
+    in_call: bool,
+}
+
+impl StreamSplitter {
+    /// Adds generated text; returns the text that can be sent as content now.
+    pub fn push(&mut self, text: &str) -> String {
+        self.held.push_str(text);
+        if self.in_call {
+            return String::new();
+        }
+        if let Some(pos) = self.held.find(CALL_OPEN) {
+            self.in_call = true;
+            let tail = self.held.split_off(pos);
+            return std::mem::replace(&mut self.held, tail);
+        }
+        // Keep the longest suffix that could be the start of `<tool_call>` (ASCII, so the
+        // split is on a character boundary).
+        let keep = (1..CALL_OPEN.len())
+            .rev()
+            .find(|&k| self.held.ends_with(&CALL_OPEN[..k]))
+            .unwrap_or(0);
+        let tail = self.held.split_off(self.held.len() - keep);
+        std::mem::replace(&mut self.held, tail)
+    }
+
+    /// The end: the content still to send and the tool calls.
+    pub fn finish(mut self, last: &str) -> (String, Vec<ToolCall>) {
+        let mut content = self.push(last);
+        if !self.in_call {
+            content.push_str(&self.held);
+            return (content, Vec::new());
+        }
+        let parsed = parse_output(&self.held);
+        if parsed.calls.is_empty() {
+            content.push_str(&self.held);
+        } else if let Some(rest) = parsed.content {
+            content.push_str(&rest);
+        }
+        (content, parsed.calls)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_calls_and_keeps_the_rest_as_content() {
+        let p = parse_output(
+            "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n\
+             <tool_call>{\"name\":\"now\"}</tool_call>",
+        );
+        assert_eq!(p.content.as_deref(), Some("Sure."));
+        assert_eq!(p.calls.len(), 2);
+        assert_eq!(p.calls[0].function.name, "get_weather");
+        assert_eq!(p.calls[0].function.arguments, r#"{"city":"Paris"}"#);
+        assert!(p.calls[0].id.starts_with("call_"));
+        assert_ne!(p.calls[0].id, p.calls[1].id);
+        assert_eq!(p.calls[1].function.arguments, "{}");
+
+        let p = parse_output("<tool_call>{not json}</tool_call> ok");
+        assert!(p.calls.is_empty());
+        assert_eq!(
+            p.content.as_deref(),
+            Some("<tool_call>{not json}</tool_call> ok")
+        );
+
+        // Unterminated at the end (generation stopped before the closing tag).
+        let p = parse_output("<tool_call>{\"name\":\"f\",\"arguments\":{\"a\":1}}");
+        assert_eq!(p.content, None);
+        assert_eq!(p.calls[0].function.arguments, r#"{"a":1}"#);
+    }
+
+    #[test]
+    fn splitter_holds_back_a_possible_tag() {
+        let mut s = StreamSplitter::default();
+        assert_eq!(s.push("Hi <to"), "Hi ");
+        assert_eq!(s.push("ol"), "");
+        assert_eq!(s.push("_call>{\"name\":\"f\"}"), "");
+        assert_eq!(s.push(" more"), "");
+        let (rest, calls) = s.finish("</tool_call>");
+        assert_eq!(rest, "more");
+        assert_eq!(calls.len(), 1);
+
+        let mut s = StreamSplitter::default();
+        assert_eq!(s.push("a <b"), "a <b");
+        assert_eq!(s.push(" <"), " ");
+        let (rest, calls) = s.finish("x");
+        assert_eq!((rest.as_str(), calls.len()), ("<x", 0));
+    }
+}

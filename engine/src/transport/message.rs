@@ -1,0 +1,138 @@
+//! The messages ranks exchange. Headers are small and self-describing; activations travel as
+//! raw little-endian tensors next to them (see `frame`).
+
+use serde::{Deserialize, Serialize};
+
+/// Bumped whenever a message changes meaning; the handshake refuses a mismatch.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// What a connection is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LinkRole {
+    /// Rank 0 to rank k: set-up, status, heartbeats, and sampled tokens back from the last rank.
+    Control,
+    /// Rank k to rank k+1: activations and releases, in order.
+    Data,
+}
+
+/// The dialer's half of the handshake: who it expects to find at the other end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol: u32,
+    pub role: LinkRole,
+    /// Hex sha256 of the GGUF file both sides must serve.
+    pub model_sha256: String,
+    /// The rank the dialer expects to reach, and the blocks it expects that rank to hold
+    /// (`first..=last`).
+    pub rank: u32,
+    pub layers: [u32; 2],
+    /// Ranks in the pipeline.
+    pub n_ranks: u32,
+    /// HMAC-SHA256 over the listener's challenge nonce, keyed by the cluster secret (hex).
+    pub proof: String,
+}
+
+/// What a rank can hold, reported when it accepts a control link.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    pub rank: u32,
+    pub layers: [u32; 2],
+    pub weight_bytes: u64,
+    /// KV blocks this rank could allocate under its own memory limit.
+    pub kv_blocks_capacity: u64,
+}
+
+/// Rank 0's instructions after the handshake.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Setup {
+    /// KV blocks every rank allocates (the minimum of the ranks' capacities).
+    pub kv_blocks: u64,
+    /// Where the next rank listens, and the blocks it holds; `None` for the last rank.
+    pub next: Option<NextRank>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NextRank {
+    pub addr: String,
+    pub rank: u32,
+    pub layers: [u32; 2],
+}
+
+/// How the last rank picks one sequence's next token. Stateless but for the RNG, which the
+/// last rank keeps per sequence (seeded from `seed`) until the sequence is released.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SampleSpec {
+    pub temperature: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub seed: u64,
+    /// Token ids whose logits are masked out for this step (end-of-turn tokens before
+    /// `min_tokens`, or always with `ignore_eos`).
+    pub suppress: Vec<u32>,
+}
+
+/// One sequence's rows in a micro-batch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeqChunk {
+    pub seq: u64,
+    /// Rows of the batch (consecutive, in `seqs` order).
+    pub len: u32,
+    /// Position of the first row.
+    pub pos: u32,
+    /// The sequence's whole block table (identical on every rank).
+    pub blocks: Vec<u32>,
+    /// Present when the last row must be sampled (the end of a prefill, or a decode step).
+    pub sample: Option<SampleSpec>,
+}
+
+/// Activations of one micro-batch on their way down the pipeline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Forward {
+    pub batch: u64,
+    pub seqs: Vec<SeqChunk>,
+    /// Total rows (sum of `len`); the tensor is `rows × d_model`.
+    pub rows: u32,
+    /// KV blocks in use on rank 0 after this batch was scheduled (so every rank reports the same).
+    pub kv_blocks_used: u64,
+    /// W3C traceparent of the batch's first request, for the ranks' spans.
+    pub traceparent: Option<String>,
+}
+
+/// The last rank's answer for a micro-batch: one token per sequence that asked for a sample.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sampled {
+    pub batch: u64,
+    pub tokens: Vec<(u64, u32)>,
+}
+
+/// A rank's state, sent with each heartbeat.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankStatus {
+    pub rank: u32,
+    pub kv_blocks_total: u64,
+    pub kv_blocks_used: u64,
+    pub weight_bytes: u64,
+    pub kv_bytes: u64,
+}
+
+/// Every message of the protocol. `Forward` carries a tensor body; no other message does.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Message {
+    /// Listener → dialer, first: a nonce for the proof.
+    Challenge { nonce: String },
+    Hello(Hello),
+    Welcome(Welcome),
+    /// Either side: the handshake failed; the text names what differs.
+    Refused { reason: String },
+    Setup(Setup),
+    /// A rank finished set-up (its data link to the next rank is up).
+    Ready { rank: u32 },
+    Forward(Forward),
+    Sampled(Sampled),
+    /// Forget these sequences: their KV block tables and sampler state.
+    Release { seqs: Vec<u64> },
+    Heartbeat(Option<RankStatus>),
+    /// A rank hit an error it cannot recover from.
+    Fatal { reason: String },
+    Shutdown,
+}

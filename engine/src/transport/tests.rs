@@ -1,0 +1,689 @@
+//! Links over real TCP on loopback. Heartbeats run at 50 ms with a 300 ms timeout so the suite
+//! takes a few seconds.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::frame::{self, f32_to_le_bytes, le_bytes_to_f32, WIRE_VERSION};
+use super::handshake::{dial, proof, DialOptions, Expected, HelloFields};
+use super::message::{
+    Forward, Hello, LinkRole, Message, RankStatus, SeqChunk, Welcome, PROTOCOL_VERSION,
+};
+use super::tcp::{LinkConfig, RankListener, TcpTransport};
+use super::Transport;
+use crate::error::Error;
+
+const SHA: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+const SECRET: &[u8] = b"cluster-secret";
+const HB: Duration = Duration::from_millis(50);
+const TIMEOUT: Duration = Duration::from_millis(300);
+
+fn fast() -> LinkConfig {
+    LinkConfig::default().with_heartbeat(HB, TIMEOUT)
+}
+
+fn expected() -> Expected {
+    Expected {
+        model_sha256: SHA.into(),
+        rank: 2,
+        layers: [15, 29],
+        n_ranks: 3,
+        secret: SECRET.to_vec(),
+    }
+}
+
+fn fields(role: LinkRole) -> HelloFields {
+    HelloFields {
+        role,
+        model_sha256: SHA.into(),
+        rank: 2,
+        layers: [15, 29],
+        n_ranks: 3,
+    }
+}
+
+fn opts(link: LinkConfig) -> DialOptions {
+    DialOptions {
+        retry_for: Duration::from_secs(5),
+        link,
+        ..DialOptions::default()
+    }
+}
+
+fn listener_on(ip: &str, link: LinkConfig) -> Option<(RankListener, String)> {
+    match RankListener::bind(&format!("{ip}:0")) {
+        Ok(l) => {
+            let addr = l.local_addr().unwrap().to_string();
+            Some((
+                l.with_link_config(link)
+                    .with_handshake_timeout(Duration::from_secs(2)),
+                addr,
+            ))
+        }
+        Err(e) => {
+            println!("skipping: cannot bind {ip}: {e}");
+            None
+        }
+    }
+}
+
+/// A handshaken link: (dialer's side, listener's side, the Hello the listener saw). On a control
+/// link the listener answers Welcome; in both cases the dialer's first recv (the answer) is
+/// consumed and checked.
+fn pair_on(
+    ip: &str,
+    role: LinkRole,
+    dialer: LinkConfig,
+    listener: LinkConfig,
+) -> Option<(Arc<TcpTransport>, Arc<TcpTransport>, Hello)> {
+    let (l, addr) = listener_on(ip, listener)?;
+    let welcome = Welcome {
+        rank: 2,
+        layers: [15, 29],
+        weight_bytes: 123,
+        kv_blocks_capacity: 456,
+    };
+    let (d, (t, hello)) = thread::scope(|s| {
+        let acc = s.spawn(|| {
+            let (t, hello) = l.accept(&expected()).unwrap();
+            if hello.role == LinkRole::Control {
+                t.send(&Message::Welcome(welcome.clone()), &[]).unwrap();
+            }
+            (t, hello)
+        });
+        let d = dial(&addr, &fields(role), SECRET, &opts(dialer)).unwrap();
+        (d, acc.join().unwrap())
+    });
+    let (first, body) = d.recv().unwrap();
+    assert!(body.is_empty());
+    match role {
+        LinkRole::Control => assert_eq!(first, Message::Welcome(welcome)),
+        LinkRole::Data => assert_eq!(first, Message::Ready { rank: 2 }),
+    }
+    Some((d, t, hello))
+}
+
+fn pair(role: LinkRole) -> (Arc<TcpTransport>, Arc<TcpTransport>, Hello) {
+    pair_on("127.0.0.1", role, fast(), fast()).unwrap()
+}
+
+fn forward(rows: u32) -> Message {
+    Message::Forward(Forward {
+        batch: 1,
+        seqs: vec![SeqChunk {
+            seq: 5,
+            len: rows,
+            pos: 0,
+            blocks: vec![0, 1, 2],
+            sample: None,
+        }],
+        rows,
+        kv_blocks_used: 3,
+        traceparent: None,
+    })
+}
+
+/// A dialer that speaks the handshake by hand, then does whatever the test wants with the stream.
+fn raw_handshake(addr: &str, role: LinkRole, hello_version: u32) -> (TcpStream, Message) {
+    let s = TcpStream::connect(addr).unwrap();
+    let nonce = match frame::read_frame(&mut &s).unwrap().message {
+        Message::Challenge { nonce } => nonce,
+        m => panic!("expected a challenge, got {m:?}"),
+    };
+    let hello = Hello {
+        protocol: hello_version,
+        role,
+        model_sha256: SHA.into(),
+        rank: 2,
+        layers: [15, 29],
+        n_ranks: 3,
+        proof: proof(SECRET, &nonce),
+    };
+    frame::write_frame_with_version(&mut &s, hello_version as u16, &Message::Hello(hello), &[])
+        .unwrap();
+    let h = frame::read_header(&mut &s).unwrap();
+    let answer = frame::read_payload(&mut &s, &h).unwrap().message;
+    (s, answer)
+}
+
+fn unused_addr() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+#[test]
+fn data_link_handshake_succeeds_and_carries_messages_both_ways() {
+    let (d, l, hello) = pair(LinkRole::Data);
+    assert_eq!(hello.role, LinkRole::Data);
+    assert_eq!((hello.rank, hello.layers, hello.n_ranks), (2, [15, 29], 3));
+    assert_eq!(hello.protocol, PROTOCOL_VERSION);
+    d.send(&Message::Release { seqs: vec![1, 2] }, &[]).unwrap();
+    assert_eq!(l.recv().unwrap().0, Message::Release { seqs: vec![1, 2] });
+    l.send(&Message::Shutdown, &[]).unwrap();
+    assert_eq!(d.recv().unwrap().0, Message::Shutdown);
+    assert_eq!(d.peer_addr(), l.local_addr().unwrap().to_string());
+    assert_eq!(l.peer_addr(), d.local_addr().unwrap().to_string());
+}
+
+#[test]
+fn control_link_handshake_delivers_welcome_first() {
+    let (_d, _l, hello) = pair(LinkRole::Control);
+    assert_eq!(hello.role, LinkRole::Control);
+}
+
+#[test]
+fn distinct_loopback_addresses() {
+    for ip in ["127.0.0.2", "127.0.0.3"] {
+        let Some((d, l, _)) = pair_on(ip, LinkRole::Data, fast(), fast()) else {
+            continue;
+        };
+        let listener_side: SocketAddr = l.local_addr().unwrap();
+        let dialer_side: SocketAddr = d.local_addr().unwrap();
+        println!("{ip}: dialer {dialer_side} -> listener {listener_side}");
+        assert_eq!(listener_side.ip().to_string(), ip);
+        assert!(dialer_side.ip().is_loopback());
+        assert_eq!(d.peer_addr(), listener_side.to_string());
+        let body = f32_to_le_bytes(&[1.5; 576]);
+        d.send(&forward(1), &body).unwrap();
+        let (m, b) = l.recv().unwrap();
+        assert_eq!((m, b), (forward(1), body));
+    }
+}
+
+/// Dials with `fields`/`secret` and returns (the dialer's error, the listener's error).
+fn refused(fields: HelloFields, secret: &[u8]) -> (Error, Error) {
+    let (l, addr) = listener_on("127.0.0.1", fast()).unwrap();
+    thread::scope(|s| {
+        let acc = s.spawn(|| l.accept(&expected()).unwrap_err());
+        let start = Instant::now();
+        let e = dial(&addr, &fields, secret, &opts(fast())).unwrap_err();
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "a refusal must not be retried"
+        );
+        (e, acc.join().unwrap())
+    })
+}
+
+fn assert_refused(e: (Error, Error), reason: &str) {
+    for e in [e.0, e.1] {
+        match e {
+            Error::HandshakeRefused(r) => assert_eq!(r, reason),
+            e => panic!("expected a refusal ({reason}), got {e}"),
+        }
+    }
+}
+
+#[test]
+fn model_mismatch_is_refused_with_both_hashes() {
+    let mut f = fields(LinkRole::Data);
+    f.model_sha256 = "abcdef0123456789".repeat(4);
+    assert_refused(
+        refused(f, SECRET),
+        "model sha256 abcdef012345… differs from this rank's 0f1e2d3c4b5a…",
+    );
+}
+
+#[test]
+fn wrong_secret_is_refused() {
+    assert_refused(
+        refused(fields(LinkRole::Control), b"not-the-secret"),
+        "cluster secret does not match",
+    );
+}
+
+#[test]
+fn rank_and_layer_mismatch_is_refused() {
+    let mut f = fields(LinkRole::Data);
+    f.layers = [20, 29];
+    assert_refused(
+        refused(f, SECRET),
+        "expected rank 2 holding blocks 20-29, this is rank 2 holding blocks 15-29",
+    );
+    let mut f = fields(LinkRole::Data);
+    f.rank = 1;
+    f.n_ranks = 4;
+    assert_refused(
+        refused(f, SECRET),
+        "expected rank 1 of 4 holding blocks 15-29, this is rank 2 of 3 holding blocks 15-29",
+    );
+}
+
+#[test]
+fn other_protocol_version_is_refused_by_version() {
+    let (l, addr) = listener_on("127.0.0.1", fast()).unwrap();
+    thread::scope(|s| {
+        let acc = s.spawn(|| l.accept(&expected()).unwrap_err());
+        let (_s, answer) = raw_handshake(&addr, LinkRole::Data, PROTOCOL_VERSION + 1);
+        let want = format!(
+            "protocol version {}, this rank speaks {PROTOCOL_VERSION}",
+            PROTOCOL_VERSION + 1
+        );
+        assert_eq!(
+            answer,
+            Message::Refused {
+                reason: want.clone()
+            }
+        );
+        assert!(matches!(acc.join().unwrap(), Error::HandshakeRefused(r) if r == want));
+    });
+}
+
+#[test]
+fn forward_of_1000_by_576_round_trips_bit_exactly() {
+    let (d, l, _) = pair(LinkRole::Data);
+    let values: Vec<f32> = (0..1000 * 576u32)
+        .map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761) ^ 0x5555_5555))
+        .collect();
+    let body = f32_to_le_bytes(&values);
+    d.send(&forward(1000), &body).unwrap();
+    let (m, b) = l.recv().unwrap();
+    assert_eq!(m, forward(1000));
+    assert_eq!(b.len(), 1000 * 576 * 4);
+    assert!(b == body);
+    let back = le_bytes_to_f32(&b).unwrap();
+    assert!(values
+        .iter()
+        .zip(&back)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+#[test]
+fn messages_stay_in_order_under_concurrent_sends() {
+    let (d, l, _) = pair(LinkRole::Data);
+    const N: u64 = 300;
+    thread::scope(|s| {
+        for t in 0..2u64 {
+            let d = &d;
+            s.spawn(move || {
+                for i in 0..N {
+                    if i % 10 == 0 {
+                        // Large frames interleaved with small ones must still go out whole.
+                        let body = f32_to_le_bytes(&vec![(t * N + i) as f32; 576 * 8]);
+                        let mut m = forward(8);
+                        if let Message::Forward(f) = &mut m {
+                            f.batch = t * N + i;
+                        }
+                        d.send(&m, &body).unwrap();
+                    } else {
+                        d.send(&Message::Release { seqs: vec![t, i] }, &[]).unwrap();
+                    }
+                }
+            });
+        }
+        let mut next = [0u64; 2];
+        for _ in 0..2 * N {
+            match l.recv().unwrap() {
+                (Message::Release { seqs }, b) => {
+                    assert!(b.is_empty());
+                    let (t, i) = (seqs[0] as usize, seqs[1]);
+                    assert_eq!(i, next[t], "thread {t} out of order");
+                    next[t] += 1;
+                }
+                (Message::Forward(f), b) => {
+                    let (t, i) = ((f.batch / N) as usize, f.batch % N);
+                    assert_eq!(i, next[t], "thread {t} out of order");
+                    assert!(le_bytes_to_f32(&b)
+                        .unwrap()
+                        .iter()
+                        .all(|&v| v == f.batch as f32));
+                    next[t] += 1;
+                }
+                (m, _) => panic!("unexpected {m:?}"),
+            }
+        }
+        assert_eq!(next, [N, N]);
+    });
+}
+
+#[test]
+fn heartbeats_keep_an_idle_link_alive() {
+    let (d, l, _) = pair(LinkRole::Data);
+    thread::scope(|s| {
+        // recv blocks through 4 timeouts' worth of silence on the application level, and returns
+        // the message, not a timeout.
+        s.spawn(|| {
+            thread::sleep(TIMEOUT * 4);
+            d.send(&Message::Shutdown, &[]).unwrap();
+        });
+        let start = Instant::now();
+        assert_eq!(l.recv().unwrap().0, Message::Shutdown);
+        assert!(start.elapsed() >= TIMEOUT * 4);
+    });
+    for t in [&d, &l] {
+        let (_, age) = t.peer_status();
+        assert!(age < TIMEOUT, "last heard {age:?} ago");
+    }
+    l.send(&Message::Ready { rank: 9 }, &[]).unwrap();
+    assert_eq!(d.recv().unwrap().0, Message::Ready { rank: 9 });
+}
+
+#[test]
+fn peer_status_reflects_the_peers_heartbeats() {
+    let used = Arc::new(AtomicU64::new(7));
+    let u = used.clone();
+    let status = fast().with_status(move || {
+        Some(RankStatus {
+            rank: 1,
+            kv_blocks_total: 100,
+            kv_blocks_used: u.load(Ordering::SeqCst),
+            weight_bytes: 10,
+            kv_bytes: 20,
+        })
+    });
+    let (d, l, _) = pair_on("127.0.0.1", LinkRole::Control, status, fast()).unwrap();
+    let wait_for = |want: u64| {
+        let start = Instant::now();
+        loop {
+            if let (Some(st), _) = l.peer_status() {
+                if st.kv_blocks_used == want {
+                    assert_eq!(
+                        (st.rank, st.kv_blocks_total, st.weight_bytes, st.kv_bytes),
+                        (1, 100, 10, 20)
+                    );
+                    return;
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "status {want} never arrived"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    };
+    wait_for(7);
+    used.store(42, Ordering::SeqCst);
+    wait_for(42);
+    // The other direction sends no status.
+    thread::sleep(HB * 2);
+    assert_eq!(d.peer_status().0, None);
+}
+
+#[test]
+fn a_silent_peer_is_reported_within_the_timeout() {
+    // Listener side: a dialer that completes the handshake by hand, then says nothing more
+    // (a hung process: the socket stays open).
+    let (l, addr) = listener_on("127.0.0.1", fast()).unwrap();
+    let (t, raw) = thread::scope(|s| {
+        let acc = s.spawn(|| l.accept(&expected()).unwrap().0);
+        let (raw, answer) = raw_handshake(&addr, LinkRole::Data, PROTOCOL_VERSION);
+        assert_eq!(answer, Message::Ready { rank: 2 });
+        (acc.join().unwrap(), raw)
+    });
+    let start = Instant::now();
+    let e = t.recv().unwrap_err();
+    let took = start.elapsed();
+    assert!(took < TIMEOUT + Duration::from_millis(500), "took {took:?}");
+    assert!(
+        matches!(&e, Error::PeerGone { reason, .. } if reason.contains("nothing heard for 300 ms")),
+        "{e}"
+    );
+    // The link stays down, with the same reason.
+    assert!(t.recv().unwrap_err().to_string().contains("nothing heard"));
+    assert!(t.send(&Message::Shutdown, &[]).is_err());
+    drop(raw);
+
+    // Dialer side: a listener that answers the handshake by hand, then goes silent.
+    let raw_l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = raw_l.local_addr().unwrap().to_string();
+    thread::scope(|s| {
+        s.spawn(|| {
+            let (c, _) = raw_l.accept().unwrap();
+            frame::write_frame(&mut &c, &Message::Challenge { nonce: "00".into() }, &[]).unwrap();
+            let _hello = frame::read_frame(&mut &c).unwrap();
+            frame::write_frame(&mut &c, &Message::Ready { rank: 2 }, &[]).unwrap();
+            thread::sleep(TIMEOUT * 3);
+        });
+        let d = dial(&addr, &fields(LinkRole::Data), SECRET, &opts(fast())).unwrap();
+        assert_eq!(d.recv().unwrap().0, Message::Ready { rank: 2 });
+        let start = Instant::now();
+        let e = d.recv().unwrap_err();
+        assert!(
+            start.elapsed() < TIMEOUT + Duration::from_millis(500),
+            "took {:?}",
+            start.elapsed()
+        );
+        assert!(e.to_string().contains("heartbeat timeout"), "{e}");
+    });
+}
+
+#[test]
+fn a_closed_peer_is_reported_at_once() {
+    // A long timeout, so only the close itself can explain a prompt error.
+    let slow =
+        LinkConfig::default().with_heartbeat(Duration::from_millis(100), Duration::from_secs(10));
+    let (d, l, _) = pair_on("127.0.0.1", LinkRole::Data, slow.clone(), slow.clone()).unwrap();
+    d.send(&Message::Shutdown, &[]).unwrap();
+    thread::scope(|s| {
+        s.spawn(|| {
+            thread::sleep(Duration::from_millis(100));
+            d.close();
+        });
+        // What was sent before the close still arrives first.
+        assert_eq!(l.recv().unwrap().0, Message::Shutdown);
+        let start = Instant::now();
+        let e = l.recv().unwrap_err();
+        assert!(
+            start.elapsed() < Duration::from_millis(500),
+            "took {:?}",
+            start.elapsed()
+        );
+        assert!(
+            matches!(&e, Error::PeerGone { reason, .. } if reason.contains("closed")),
+            "{e}"
+        );
+    });
+    assert!(d
+        .recv()
+        .unwrap_err()
+        .to_string()
+        .contains("closed by this side"));
+    assert!(d.send(&Message::Shutdown, &[]).is_err());
+
+    // A blocked recv on the side that closes returns too.
+    let (d, l, _) = pair_on("127.0.0.1", LinkRole::Data, slow.clone(), slow).unwrap();
+    thread::scope(|s| {
+        s.spawn(|| {
+            thread::sleep(Duration::from_millis(100));
+            l.close();
+        });
+        let start = Instant::now();
+        assert!(l.recv().is_err());
+        assert!(d.recv().is_err());
+        assert!(start.elapsed() < Duration::from_millis(600));
+    });
+
+    // A killed process: its socket closes under it (raw stream dropped without a word).
+    let (lst, addr) = listener_on("127.0.0.1", fast()).unwrap();
+    thread::scope(|s| {
+        let acc = s.spawn(|| lst.accept(&expected()).unwrap().0);
+        let (raw, _) = raw_handshake(&addr, LinkRole::Data, PROTOCOL_VERSION);
+        let t = acc.join().unwrap();
+        drop(raw);
+        let start = Instant::now();
+        assert!(t.recv().is_err());
+        assert!(
+            start.elapsed() < Duration::from_millis(200),
+            "took {:?}",
+            start.elapsed()
+        );
+    });
+}
+
+#[test]
+fn garbage_and_truncated_frames_are_errors() {
+    let (l, addr) = listener_on("127.0.0.1", fast()).unwrap();
+    // Not our protocol at all, during the handshake: refused, and the listener keeps working.
+    thread::scope(|s| {
+        let acc = s.spawn(|| l.accept(&expected()).unwrap_err());
+        let mut c = TcpStream::connect(&addr).unwrap();
+        let _challenge = frame::read_frame(&mut &c).unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nHost: rank\r\n\r\n")
+            .unwrap();
+        let e = acc.join().unwrap();
+        assert!(e.to_string().contains("bad frame magic"), "{e}");
+        // The garbage dialer is told why.
+        match frame::read_frame(&mut &c).unwrap().message {
+            Message::Refused { reason } => assert!(reason.contains("bad frame magic")),
+            m => panic!("{m:?}"),
+        }
+    });
+    // Wrong magic after the handshake.
+    thread::scope(|s| {
+        let acc = s.spawn(|| l.accept(&expected()).unwrap().0);
+        let (mut raw, _) = raw_handshake(&addr, LinkRole::Data, PROTOCOL_VERSION);
+        let t = acc.join().unwrap();
+        raw.write_all(&[0xde; 40]).unwrap();
+        let e = t.recv().unwrap_err();
+        assert!(
+            matches!(&e, Error::Transport(m) if m.contains("bad frame magic")),
+            "{e}"
+        );
+    });
+    // A frame cut short, then the connection ends.
+    thread::scope(|s| {
+        let acc = s.spawn(|| l.accept(&expected()).unwrap().0);
+        let (mut raw, _) = raw_handshake(&addr, LinkRole::Data, PROTOCOL_VERSION);
+        let t = acc.join().unwrap();
+        let mut buf = Vec::new();
+        frame::write_frame(&mut buf, &forward(1), &f32_to_le_bytes(&[0.0; 576])).unwrap();
+        raw.write_all(&buf[..buf.len() / 2]).unwrap();
+        drop(raw);
+        let e = t.recv().unwrap_err();
+        assert!(e.to_string().contains("inside a frame"), "{e}");
+    });
+    // A frame of another version after the handshake.
+    thread::scope(|s| {
+        let acc = s.spawn(|| l.accept(&expected()).unwrap().0);
+        let (raw, _) = raw_handshake(&addr, LinkRole::Data, PROTOCOL_VERSION);
+        let t = acc.join().unwrap();
+        frame::write_frame_with_version(&mut &raw, WIRE_VERSION + 1, &Message::Shutdown, &[])
+            .unwrap();
+        let e = t.recv().unwrap_err();
+        assert!(e.to_string().contains("protocol version 2"), "{e}");
+    });
+}
+
+#[test]
+fn a_body_on_a_message_without_one_is_rejected_without_breaking_the_link() {
+    let (d, l, _) = pair(LinkRole::Data);
+    assert!(d.send(&Message::Shutdown, &[1, 2, 3, 4]).is_err());
+    d.send(&Message::Ready { rank: 1 }, &[]).unwrap();
+    assert_eq!(l.recv().unwrap().0, Message::Ready { rank: 1 });
+}
+
+#[test]
+fn dial_retries_until_the_listener_comes_up_and_reports_the_last_error() {
+    // Nobody there: gives up after retry_for, naming the last error.
+    let addr = unused_addr();
+    let o = DialOptions {
+        retry_for: Duration::from_millis(400),
+        link: fast(),
+        ..DialOptions::default()
+    };
+    let start = Instant::now();
+    let e = dial(&addr, &fields(LinkRole::Data), SECRET, &o)
+        .unwrap_err()
+        .to_string();
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(
+        e.contains("could not reach rank 2") && e.contains("refused"),
+        "{e}"
+    );
+
+    // The listener binds late: the dialer keeps trying and gets through.
+    let addr = unused_addr();
+    thread::scope(|s| {
+        s.spawn(|| {
+            thread::sleep(Duration::from_millis(400));
+            let l = RankListener::bind(&addr).unwrap().with_link_config(fast());
+            let _t = l.accept(&expected()).unwrap();
+            thread::sleep(Duration::from_millis(100));
+        });
+        let d = dial(&addr, &fields(LinkRole::Data), SECRET, &opts(fast())).unwrap();
+        assert_eq!(d.recv().unwrap().0, Message::Ready { rank: 2 });
+    });
+}
+
+#[test]
+fn bad_heartbeat_settings_are_rejected() {
+    let bad = LinkConfig::default().with_heartbeat(Duration::from_secs(2), Duration::from_secs(1));
+    let (l, laddr) = listener_on("127.0.0.1", fast()).unwrap();
+    thread::scope(|s| {
+        let acc = s.spawn(|| l.accept(&expected()));
+        let e = dial(&laddr, &fields(LinkRole::Data), SECRET, &opts(bad)).unwrap_err();
+        assert!(e.to_string().contains("heartbeat interval"), "{e}");
+        let _ = acc.join().unwrap();
+    });
+}
+
+/// Round-trip time of a small message and throughput of 1000×576 f32 Forward frames over
+/// loopback. `cargo test --release -p sluice-engine --lib transport::tests::measure -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn measure_rtt_and_throughput() {
+    let (d, l, _) = pair_on(
+        "127.0.0.1",
+        LinkRole::Data,
+        LinkConfig::default(),
+        LinkConfig::default(),
+    )
+    .unwrap();
+    thread::scope(|s| {
+        // Echo everything back.
+        s.spawn(|| {
+            while let Ok((m, b)) = l.recv() {
+                if m == Message::Shutdown {
+                    break;
+                }
+                match m {
+                    Message::Release { .. } => l.send(&m, &b).unwrap(),
+                    _ => assert_eq!(le_bytes_to_f32(&b).unwrap().len(), 1000 * 576),
+                }
+            }
+        });
+        let ping = Message::Release { seqs: vec![1] };
+        for _ in 0..200 {
+            d.send(&ping, &[]).unwrap();
+            d.recv().unwrap();
+        }
+        let n = 5000;
+        let mut rtts = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            d.send(&ping, &[]).unwrap();
+            d.recv().unwrap();
+            rtts.push(t.elapsed());
+        }
+        rtts.sort();
+        println!(
+            "small-message round trip over {n}: median {:?}, p99 {:?}, mean {:?}",
+            rtts[n / 2],
+            rtts[n * 99 / 100],
+            rtts.iter().sum::<Duration>() / n as u32
+        );
+
+        let values: Vec<f32> = (0..1000 * 576).map(|i| i as f32).collect();
+        let frames = 400;
+        let bytes = (values.len() * 4 * frames) as f64;
+        let t = Instant::now();
+        for _ in 0..frames {
+            d.send(&forward(1000), &f32_to_le_bytes(&values)).unwrap();
+        }
+        // Ping after the frames: its echo returns once all frames were read.
+        d.send(&ping, &[]).unwrap();
+        d.recv().unwrap();
+        let secs = t.elapsed().as_secs_f64();
+        println!(
+            "Forward 1000x576 f32 ({:.2} MB each), {frames} frames incl. f32<->bytes both ends: {:.0} MB/s, {:.2} ms/frame",
+            values.len() as f64 * 4.0 / 1e6,
+            bytes / secs / 1e6,
+            secs * 1e3 / frames as f64
+        );
+        d.send(&Message::Shutdown, &[]).unwrap();
+    });
+}
