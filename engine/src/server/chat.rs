@@ -10,12 +10,12 @@ use super::types::{
     AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChunkChoice, Delta, ResponseMeta,
     ToolCall, ToolCallDelta,
 };
-use super::{parse, tools, Call, State};
+use super::{chat_request, parse, tools, Call, State};
 use crate::generate::FinishReason;
 use http::Response;
 
 pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, ApiError> {
-    let req = parse::chat_request(&parse::json(&call.body)?)?;
+    let req = chat_request::parse(&parse::json(&call.body)?)?;
     let engine = &state.engine;
     let use_tools = tools::enabled(&req);
     let messages = tools::render_messages(&req);
@@ -56,11 +56,11 @@ pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, 
     }
     let done = collect(rx, tracker).await?;
     let reason = done.reason;
-    let (content, tool_calls) = if use_tools {
-        let parsed = tools::parse_output(&done.text);
-        (parsed.content, parsed.calls)
-    } else {
-        (Some(done.text), Vec::new())
+    let parsed = use_tools.then(|| tools::parse_output(&done.text));
+    let (content, tool_calls) = match parsed {
+        Some(p) if !p.calls.is_empty() => (p.content, p.calls),
+        // Without tool calls the text is the content, as is.
+        _ => (Some(done.text), Vec::new()),
     };
     let resp = ChatCompletion {
         id: meta.id,

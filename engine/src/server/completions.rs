@@ -17,24 +17,24 @@ pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, 
     let tokenizer = engine.tokenizer();
     let ids = match req.prompt {
         // Special-token text in a user's prompt is plain text.
-        Prompt::Text(text) => tokenizer
-            .encode(&text, false)
-            .map_err(|e| ApiError::internal(e.to_string()))?,
+        Prompt::Text(text) => {
+            let ids = tokenizer
+                .encode(&text, false)
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+            with_bos(tokenizer, ids)
+        }
+        // Token ids are used exactly as given.
         Prompt::Tokens(ids) => {
             let vocab = tokenizer.vocab_size();
-            if let Some(i) = ids.iter().position(|&t| t as usize >= vocab) {
+            if let Some((i, t)) = ids.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
                 return Err(ApiError::invalid(
                     format!("prompt[{i}]"),
-                    format!(
-                        "prompt[{i}]: token id {} is outside the vocabulary ({vocab} tokens)",
-                        ids[i]
-                    ),
+                    format!("prompt[{i}]: token id {t} is outside the vocabulary ({vocab} tokens)"),
                 ));
             }
             ids
         }
     };
-    let ids = with_bos(tokenizer, ids);
     let gen = build_request(
         engine.context_window(),
         ids,

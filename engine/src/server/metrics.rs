@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::api::MetricsSnapshot;
+use crate::api::{MetricsSnapshot, RankHealth};
 
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -96,18 +96,6 @@ fn sample(out: &mut String, name: &str, labels: &str, value: impl std::fmt::Disp
     let _ = writeln!(out, "{name}{{{labels}}} {value}");
 }
 
-fn metric(
-    out: &mut String,
-    name: &str,
-    help: &str,
-    kind: &str,
-    labels: &str,
-    value: impl std::fmt::Display,
-) {
-    header(out, name, help, kind);
-    sample(out, name, labels, value);
-}
-
 /// A label value with `\`, `"` and newlines escaped.
 fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -115,61 +103,88 @@ fn escape(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// A per-rank gauge: name, help, value.
+type RankGauge = (&'static str, &'static str, fn(&RankHealth) -> u64);
+
+const RANK_GAUGES: [RankGauge; 5] = [
+    (
+        "sluice_engine_rank_up",
+        "Whether the pipeline rank is up (1) or down (0).",
+        |r| u64::from(r.up),
+    ),
+    (
+        "sluice_engine_kv_tokens_total",
+        "KV-cache capacity of the rank, in tokens.",
+        |r| r.kv_tokens_total as u64,
+    ),
+    (
+        "sluice_engine_kv_tokens_used",
+        "KV-cache tokens in use on the rank.",
+        |r| r.kv_tokens_used as u64,
+    ),
+    (
+        "sluice_engine_weight_bytes",
+        "Bytes of model weights held by the rank.",
+        |r| r.weight_bytes,
+    ),
+    (
+        "sluice_engine_kv_bytes",
+        "Bytes of KV cache allocated by the rank.",
+        |r| r.kv_bytes,
+    ),
+];
+
 /// The whole exposition.
 pub(crate) fn render(model: &str, m: &MetricsSnapshot, http: &HttpMetrics) -> String {
     let mut out = String::with_capacity(8 << 10);
     let model_label = format!("model_name=\"{}\"", escape(model));
     let l = model_label.as_str();
-    let gauge = "gauge";
-    let counter = "counter";
-    metric(
-        &mut out,
-        "vllm:num_requests_running",
-        "Number of requests running (in the batch).",
-        gauge,
-        l,
-        m.num_requests_running,
-    );
-    metric(
-        &mut out,
-        "vllm:num_requests_waiting",
-        "Number of requests waiting to be scheduled.",
-        gauge,
-        l,
-        m.num_requests_waiting,
-    );
     let usage = if m.kv_cache_usage.is_finite() {
         m.kv_cache_usage.clamp(0.0, 1.0)
     } else {
         0.0
     };
-    metric(
-        &mut out,
-        "vllm:kv_cache_usage_perc",
-        "KV-cache usage (1 means 100 percent).",
-        gauge,
-        l,
-        usage,
-    );
-    metric(
-        &mut out,
-        "vllm:prompt_tokens_total",
-        "Number of prefill tokens processed.",
-        counter,
-        l,
-        m.prompt_tokens_total,
-    );
-    metric(
-        &mut out,
-        "vllm:generation_tokens_total",
-        "Number of generation tokens processed.",
-        counter,
-        l,
-        m.generation_tokens_total,
-    );
+    let (gauge, counter) = ("gauge", "counter");
+    let series: [(&str, &str, &str, String); 5] = [
+        (
+            "vllm:num_requests_running",
+            "Number of requests running (in the batch).",
+            gauge,
+            m.num_requests_running.to_string(),
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be scheduled.",
+            gauge,
+            m.num_requests_waiting.to_string(),
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage (1 means 100 percent).",
+            gauge,
+            usage.to_string(),
+        ),
+        (
+            "vllm:prompt_tokens_total",
+            "Number of prefill tokens processed.",
+            counter,
+            m.prompt_tokens_total.to_string(),
+        ),
+        (
+            "vllm:generation_tokens_total",
+            "Number of generation tokens processed.",
+            counter,
+            m.generation_tokens_total.to_string(),
+        ),
+    ];
+    for (name, help, kind, value) in &series {
+        header(&mut out, name, help, kind);
+        sample(&mut out, name, l, value);
+    }
+    let name = "vllm:request_success_total";
     header(
         &mut out,
-        "vllm:request_success_total",
+        name,
         "Count of successfully finished requests.",
         counter,
     );
@@ -179,70 +194,38 @@ pub(crate) fn render(model: &str, m: &MetricsSnapshot, http: &HttpMetrics) -> St
     ] {
         sample(
             &mut out,
-            "vllm:request_success_total",
+            name,
             &format!("finished_reason=\"{reason}\",{l}"),
             n,
         );
     }
-    metric(
-        &mut out,
-        "vllm:num_preemptions_total",
-        "Cumulative number of preemptions.",
-        counter,
-        l,
-        m.preemptions_total,
-    );
-    metric(
-        &mut out,
-        "sluice_engine_requests_aborted_total",
-        "Requests aborted (the client went away).",
-        counter,
-        l,
-        m.requests_aborted,
-    );
-    metric(
-        &mut out,
-        "sluice_engine_requests_failed_total",
-        "Requests that failed inside the engine.",
-        counter,
-        l,
-        m.requests_failed,
-    );
-
-    let per_rank: [(&str, &str, fn(&crate::api::RankHealth) -> String); 5] = [
+    let counters = [
         (
-            "sluice_engine_rank_up",
-            "Whether the pipeline rank is up (1) or down (0).",
-            |r| u8::from(r.up).to_string(),
+            "vllm:num_preemptions_total",
+            "Cumulative number of preemptions.",
+            m.preemptions_total,
         ),
         (
-            "sluice_engine_kv_tokens_total",
-            "KV-cache capacity of the rank, in tokens.",
-            |r| r.kv_tokens_total.to_string(),
+            "sluice_engine_requests_aborted_total",
+            "Requests aborted (the client went away).",
+            m.requests_aborted,
         ),
         (
-            "sluice_engine_kv_tokens_used",
-            "KV-cache tokens in use on the rank.",
-            |r| r.kv_tokens_used.to_string(),
-        ),
-        (
-            "sluice_engine_weight_bytes",
-            "Bytes of model weights held by the rank.",
-            |r| r.weight_bytes.to_string(),
-        ),
-        (
-            "sluice_engine_kv_bytes",
-            "Bytes of KV cache allocated by the rank.",
-            |r| r.kv_bytes.to_string(),
+            "sluice_engine_requests_failed_total",
+            "Requests that failed inside the engine.",
+            m.requests_failed,
         ),
     ];
-    for (name, help, value) in per_rank {
+    for (name, help, value) in counters {
+        header(&mut out, name, help, counter);
+        sample(&mut out, name, l, value);
+    }
+    for (name, help, value) in RANK_GAUGES {
         header(&mut out, name, help, gauge);
         for r in &m.ranks {
             sample(&mut out, name, &format!("rank=\"{}\"", r.rank), value(r));
         }
     }
-
     http.ttft.render(
         &mut out,
         "sluice_engine_time_to_first_token_seconds",
@@ -261,7 +244,6 @@ pub(crate) fn render(model: &str, m: &MetricsSnapshot, http: &HttpMetrics) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::RankHealth;
 
     #[test]
     fn renders_vllm_names_ranks_and_histograms() {

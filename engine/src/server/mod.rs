@@ -11,6 +11,7 @@
 
 mod body;
 mod chat;
+mod chat_request;
 mod completions;
 mod error;
 mod generation;

@@ -243,9 +243,9 @@ mod tests {
         let mut s = StreamSplitter::default();
         assert_eq!(s.push("Hi <to"), "Hi ");
         assert_eq!(s.push("ol"), "");
-        assert_eq!(s.push("_call>{\"name\":\"f\"}"), "");
-        assert_eq!(s.push(" more"), "");
-        let (rest, calls) = s.finish("</tool_call>");
+        assert_eq!(s.push("_call>{\"name\":\"f\"}</tool"), "");
+        assert_eq!(s.push("_call> more"), "");
+        let (rest, calls) = s.finish("");
         assert_eq!(rest, "more");
         assert_eq!(calls.len(), 1);
 

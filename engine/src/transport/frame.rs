@@ -361,12 +361,9 @@ fn read_full<R: Read + ?Sized>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
 
 /// Encodes f32 values as little-endian bytes (the `Forward` body format).
 pub fn f32_to_le_bytes(values: &[f32]) -> Vec<u8> {
-    let mut out = vec![0u8; std::mem::size_of_val(values)];
-    let (chunks, _) = out.as_chunks_mut::<4>();
-    for (dst, v) in chunks.iter_mut().zip(values) {
-        *dst = v.to_le_bytes();
-    }
-    out
+    // Exact-size (flattening fixed-size arrays), so `collect` allocates once and writes without
+    // zeroing first or checking capacity per element.
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 /// Decodes little-endian f32 values (the `Forward` body format). Fails when the length is not a

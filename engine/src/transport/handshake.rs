@@ -208,7 +208,7 @@ fn shorten_pair(a: &str, b: &str) -> (String, String) {
         }
     };
     let (sa, sb) = (cut(a, 12), cut(b, 12));
-    if sa.to_ascii_lowercase() != sb.to_ascii_lowercase() {
+    if !sa.eq_ignore_ascii_case(&sb) {
         (sa, sb)
     } else {
         (cut(a, 80), cut(b, 80))
@@ -346,6 +346,7 @@ pub fn dial(
     secret: &[u8],
     opts: &DialOptions,
 ) -> Result<Arc<TcpTransport>> {
+    opts.link.validate()?;
     let start = Instant::now();
     let deadline = start + opts.retry_for;
     let mut backoff = Duration::from_millis(50);

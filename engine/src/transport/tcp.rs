@@ -40,7 +40,9 @@ pub struct LinkConfig {
     /// How long this side waits without hearing anything before it reports the peer gone
     /// (default 2 s). Must exceed the *peer's* interval; both sides normally use the same values.
     pub heartbeat_timeout: Duration,
-    /// The status sent with each heartbeat (default: none).
+    /// The status sent with each heartbeat (default: none). Called from the heartbeat thread
+    /// every interval: keep it quick and don't let it panic (a panic stops this side's
+    /// heartbeats, and the peer then reports the link down).
     pub status: StatusSource,
 }
 
@@ -80,7 +82,7 @@ impl LinkConfig {
         self
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if self.heartbeat_interval.is_zero() || self.heartbeat_interval >= self.heartbeat_timeout {
             return Err(Error::Transport(format!(
                 "heartbeat interval {:?} must be above zero and below the heartbeat timeout {:?}",
@@ -251,10 +253,13 @@ impl Inner {
                 Err(e) => {
                     let down = self.classify_read(e);
                     let down = self.go_down(down);
+                    // The caller hears of it through `recv` and decides how loud to be.
                     match &down {
-                        Down::Local => tracing::debug!(peer = %self.peer, "link closed"),
-                        _ => {
+                        Down::Protocol(_) => {
                             tracing::warn!(peer = %self.peer, "link down: {}", down.to_error(&self.peer))
+                        }
+                        _ => {
+                            tracing::debug!(peer = %self.peer, "link down: {}", down.to_error(&self.peer))
                         }
                     }
                     let _ = tx.send(Err(down.to_error(&self.peer)));
@@ -465,6 +470,7 @@ impl RankListener {
     /// peer that failed mid-handshake); the listener stays usable, so callers that wait for a
     /// given peer log the error and accept again.
     pub fn accept(&self, expect: &Expected) -> Result<(Arc<TcpTransport>, Hello)> {
+        self.link.validate()?;
         let (stream, from) = self
             .listener
             .accept()

@@ -2,7 +2,7 @@
 //! takes a few seconds.
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -22,7 +22,13 @@ const SECRET: &[u8] = b"cluster-secret";
 const HB: Duration = Duration::from_millis(50);
 const TIMEOUT: Duration = Duration::from_millis(300);
 
+/// Most tests: quick heartbeats, with a timeout that a loaded 2-core CI machine can't trip.
 fn fast() -> LinkConfig {
+    LinkConfig::default().with_heartbeat(HB, Duration::from_secs(3))
+}
+
+/// The tests about the timeout itself.
+fn timing() -> LinkConfig {
     LinkConfig::default().with_heartbeat(HB, TIMEOUT)
 }
 
@@ -342,7 +348,8 @@ fn messages_stay_in_order_under_concurrent_sends() {
 
 #[test]
 fn heartbeats_keep_an_idle_link_alive() {
-    let (d, l, _) = pair(LinkRole::Data);
+    let (d, l, _) = pair_on("127.0.0.1", LinkRole::Data, timing(), timing()).unwrap();
+    let start = Instant::now();
     thread::scope(|s| {
         // recv blocks through 4 timeouts' worth of silence on the application level, and returns
         // the message, not a timeout.
@@ -350,7 +357,6 @@ fn heartbeats_keep_an_idle_link_alive() {
             thread::sleep(TIMEOUT * 4);
             d.send(&Message::Shutdown, &[]).unwrap();
         });
-        let start = Instant::now();
         assert_eq!(l.recv().unwrap().0, Message::Shutdown);
         assert!(start.elapsed() >= TIMEOUT * 4);
     });
@@ -407,7 +413,7 @@ fn peer_status_reflects_the_peers_heartbeats() {
 fn a_silent_peer_is_reported_within_the_timeout() {
     // Listener side: a dialer that completes the handshake by hand, then says nothing more
     // (a hung process: the socket stays open).
-    let (l, addr) = listener_on("127.0.0.1", fast()).unwrap();
+    let (l, addr) = listener_on("127.0.0.1", timing()).unwrap();
     let (t, raw) = thread::scope(|s| {
         let acc = s.spawn(|| l.accept(&expected()).unwrap().0);
         let (raw, answer) = raw_handshake(&addr, LinkRole::Data, PROTOCOL_VERSION);
@@ -438,7 +444,7 @@ fn a_silent_peer_is_reported_within_the_timeout() {
             frame::write_frame(&mut &c, &Message::Ready { rank: 2 }, &[]).unwrap();
             thread::sleep(TIMEOUT * 3);
         });
-        let d = dial(&addr, &fields(LinkRole::Data), SECRET, &opts(fast())).unwrap();
+        let d = dial(&addr, &fields(LinkRole::Data), SECRET, &opts(timing())).unwrap();
         assert_eq!(d.recv().unwrap().0, Message::Ready { rank: 2 });
         let start = Instant::now();
         let e = d.recv().unwrap_err();
@@ -468,7 +474,7 @@ fn a_closed_peer_is_reported_at_once() {
         let start = Instant::now();
         let e = l.recv().unwrap_err();
         assert!(
-            start.elapsed() < Duration::from_millis(500),
+            start.elapsed() < Duration::from_secs(1),
             "took {:?}",
             start.elapsed()
         );
@@ -485,7 +491,7 @@ fn a_closed_peer_is_reported_at_once() {
     assert!(d.send(&Message::Shutdown, &[]).is_err());
 
     // A blocked recv on the side that closes returns too.
-    let (d, l, _) = pair_on("127.0.0.1", LinkRole::Data, slow.clone(), slow).unwrap();
+    let (d, l, _) = pair_on("127.0.0.1", LinkRole::Data, slow.clone(), slow.clone()).unwrap();
     thread::scope(|s| {
         s.spawn(|| {
             thread::sleep(Duration::from_millis(100));
@@ -494,20 +500,21 @@ fn a_closed_peer_is_reported_at_once() {
         let start = Instant::now();
         assert!(l.recv().is_err());
         assert!(d.recv().is_err());
-        assert!(start.elapsed() < Duration::from_millis(600));
+        assert!(start.elapsed() < Duration::from_secs(1));
     });
 
     // A killed process: its socket closes under it (raw stream dropped without a word).
-    let (lst, addr) = listener_on("127.0.0.1", fast()).unwrap();
+    let (lst, addr) = listener_on("127.0.0.1", slow).unwrap();
     thread::scope(|s| {
         let acc = s.spawn(|| lst.accept(&expected()).unwrap().0);
         let (raw, _) = raw_handshake(&addr, LinkRole::Data, PROTOCOL_VERSION);
         let t = acc.join().unwrap();
         drop(raw);
         let start = Instant::now();
-        assert!(t.recv().is_err());
+        let e = t.recv().unwrap_err();
+        assert!(matches!(e, Error::PeerGone { .. }), "{e}");
         assert!(
-            start.elapsed() < Duration::from_millis(200),
+            start.elapsed() < Duration::from_secs(1),
             "took {:?}",
             start.elapsed()
         );
@@ -552,7 +559,9 @@ fn garbage_and_truncated_frames_are_errors() {
         let mut buf = Vec::new();
         frame::write_frame(&mut buf, &forward(1), &f32_to_le_bytes(&[0.0; 576])).unwrap();
         raw.write_all(&buf[..buf.len() / 2]).unwrap();
-        drop(raw);
+        // End the stream (FIN) without discarding the heartbeats it never read, which would
+        // make the close a reset instead.
+        raw.shutdown(Shutdown::Write).unwrap();
         let e = t.recv().unwrap_err();
         assert!(e.to_string().contains("inside a frame"), "{e}");
     });
@@ -612,13 +621,18 @@ fn dial_retries_until_the_listener_comes_up_and_reports_the_last_error() {
 #[test]
 fn bad_heartbeat_settings_are_rejected() {
     let bad = LinkConfig::default().with_heartbeat(Duration::from_secs(2), Duration::from_secs(1));
-    let (l, laddr) = listener_on("127.0.0.1", fast()).unwrap();
-    thread::scope(|s| {
-        let acc = s.spawn(|| l.accept(&expected()));
-        let e = dial(&laddr, &fields(LinkRole::Data), SECRET, &opts(bad)).unwrap_err();
-        assert!(e.to_string().contains("heartbeat interval"), "{e}");
-        let _ = acc.join().unwrap();
-    });
+    // Both sides say so before touching the network.
+    let e = dial(
+        &unused_addr(),
+        &fields(LinkRole::Data),
+        SECRET,
+        &opts(bad.clone()),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("heartbeat interval"), "{e}");
+    let (l, _) = listener_on("127.0.0.1", bad).unwrap();
+    let e = l.accept(&expected()).unwrap_err();
+    assert!(e.to_string().contains("heartbeat interval"), "{e}");
 }
 
 /// Round-trip time of a small message and throughput of 1000×576 f32 Forward frames over
@@ -642,7 +656,11 @@ fn measure_rtt_and_throughput() {
                 }
                 match m {
                     Message::Release { .. } => l.send(&m, &b).unwrap(),
-                    _ => assert_eq!(le_bytes_to_f32(&b).unwrap().len(), 1000 * 576),
+                    // Batch 1 stands for "decode it", as a rank would; batch 0 for bytes only.
+                    Message::Forward(f) if f.batch == 1 => {
+                        assert_eq!(le_bytes_to_f32(&b).unwrap().len(), 1000 * 576)
+                    }
+                    _ => assert_eq!(b.len(), 1000 * 576 * 4),
                 }
             }
         });
@@ -668,22 +686,49 @@ fn measure_rtt_and_throughput() {
         );
 
         let values: Vec<f32> = (0..1000 * 576).map(|i| i as f32).collect();
+        let t = Instant::now();
+        let mut encoded = Vec::new();
+        for _ in 0..100 {
+            encoded = f32_to_le_bytes(&values);
+        }
+        let enc = t.elapsed() / 100;
+        let t = Instant::now();
+        for _ in 0..100 {
+            assert_eq!(le_bytes_to_f32(&encoded).unwrap().len(), values.len());
+        }
+        println!(
+            "f32 -> bytes {enc:?}, bytes -> f32 {:?} per 1000x576 tensor",
+            t.elapsed() / 100
+        );
         let frames = 400;
         let bytes = (values.len() * 4 * frames) as f64;
-        let t = Instant::now();
-        for _ in 0..frames {
-            d.send(&forward(1000), &f32_to_le_bytes(&values)).unwrap();
+        let mut raw_msg = forward(1000);
+        if let Message::Forward(f) = &mut raw_msg {
+            f.batch = 0;
         }
-        // Ping after the frames: its echo returns once all frames were read.
-        d.send(&ping, &[]).unwrap();
-        d.recv().unwrap();
-        let secs = t.elapsed().as_secs_f64();
-        println!(
-            "Forward 1000x576 f32 ({:.2} MB each), {frames} frames incl. f32<->bytes both ends: {:.0} MB/s, {:.2} ms/frame",
-            values.len() as f64 * 4.0 / 1e6,
-            bytes / secs / 1e6,
-            secs * 1e3 / frames as f64
-        );
+        for (label, convert) in [
+            ("bytes only", false),
+            ("with f32<->bytes at both ends", true),
+        ] {
+            let t = Instant::now();
+            for _ in 0..frames {
+                if convert {
+                    d.send(&forward(1000), &f32_to_le_bytes(&values)).unwrap();
+                } else {
+                    d.send(&raw_msg, &encoded).unwrap();
+                }
+            }
+            // Ping after the frames: its echo returns once all frames were read.
+            d.send(&ping, &[]).unwrap();
+            d.recv().unwrap();
+            let secs = t.elapsed().as_secs_f64();
+            println!(
+                "Forward 1000x576 f32 ({:.2} MB each) x {frames}, {label}: {:.0} MB/s, {:.2} ms/frame",
+                values.len() as f64 * 4.0 / 1e6,
+                bytes / secs / 1e6,
+                secs * 1e3 / frames as f64
+            );
+        }
         d.send(&Message::Shutdown, &[]).unwrap();
     });
 }

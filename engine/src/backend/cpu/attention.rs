@@ -2,10 +2,10 @@
 
 use std::sync::Mutex;
 
-use super::kernels::{axpy, dot_f32};
+use super::kernels::{attend_rows, KvHead};
 use super::pool::ThreadPool;
 use crate::backend::AttnShape;
-use crate::kv::SeqRows;
+use crate::kv::{SeqRows, BLOCK_SIZE};
 
 /// Query rows per task: small enough to balance two threads on a prefill, large enough to
 /// amortize the task.
@@ -54,52 +54,44 @@ pub fn attend(
             }
         }
     }
-    let results: Vec<Mutex<Vec<f32>>> = tasks
-        .iter()
-        .map(|t| Mutex::new(vec![0.0; t.n_rows * head_dim]))
-        .collect();
+    let mut buf = vec![0.0; tasks.iter().map(|t| t.n_rows * head_dim).sum()];
+    let mut results: Vec<Mutex<&mut [f32]>> = Vec::with_capacity(tasks.len());
+    let mut rest = &mut buf[..];
+    for t in &tasks {
+        let (mine, more) = rest.split_at_mut(t.n_rows * head_dim);
+        results.push(Mutex::new(mine));
+        rest = more;
+    }
 
     pool.run(tasks.len(), &|ti| {
         let t = tasks[ti];
         let s = &seqs[t.seq];
-        let kv_off = (t.head / group) * head_dim;
+        let kv = KvHead {
+            k: k_cache,
+            v: v_cache,
+            stride: kv_dim,
+            off: (t.head / group) * head_dim,
+            blocks: s.blocks,
+            block_size: BLOCK_SIZE,
+        };
         let mut res = results[ti].lock().unwrap_or_else(|e| e.into_inner());
-        let mut scores = Vec::with_capacity(s.pos + t.row0 + t.n_rows);
-        for r in 0..t.n_rows {
-            let row = s.start + t.row0 + r;
-            let qh = &q[row * q_width + t.head * head_dim..][..head_dim];
-            let n_ctx = s.pos + t.row0 + r + 1;
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for p in 0..n_ctx {
-                let kh = &k_cache[s.slot(p) * kv_dim + kv_off..][..head_dim];
-                let sc = dot_f32(qh, kh) * scale;
-                max = max.max(sc);
-                scores.push(sc);
-            }
-            let mut sum = 0.0;
-            for sc in scores.iter_mut() {
-                *sc = (*sc - max).exp();
-                sum += *sc;
-            }
-            let acc = &mut res[r * head_dim..(r + 1) * head_dim];
-            acc.fill(0.0);
-            for (p, &w) in scores.iter().enumerate() {
-                axpy(
-                    w / sum,
-                    &v_cache[s.slot(p) * kv_dim + kv_off..][..head_dim],
-                    acc,
-                );
-            }
-        }
+        let row = s.start + t.row0;
+        attend_rows(
+            &kv,
+            &q[row * q_width + t.head * head_dim..],
+            q_width,
+            head_dim,
+            s.pos + t.row0 + 1,
+            scale,
+            &mut res,
+        );
     });
 
     for (t, res) in tasks.iter().zip(results) {
         let res = res.into_inner().unwrap_or_else(|e| e.into_inner());
         let row0 = seqs[t.seq].start + t.row0;
-        for r in 0..t.n_rows {
-            out[(row0 + r) * q_width + t.head * head_dim..][..head_dim]
-                .copy_from_slice(&res[r * head_dim..(r + 1) * head_dim]);
+        for (r, res) in res.chunks_exact(head_dim).enumerate() {
+            out[(row0 + r) * q_width + t.head * head_dim..][..head_dim].copy_from_slice(res);
         }
     }
 }

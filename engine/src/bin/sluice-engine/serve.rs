@@ -95,9 +95,12 @@ pub struct ServeArgs {
     /// Prompt + max_tokens above this is refused (a protection limit).
     #[arg(long, default_value_t = 12_288)]
     context_window: usize,
-    /// The model id the API reports (default: the GGUF's general.name or file name).
+    /// The model id the API reports (default: the model file's name).
     #[arg(long)]
     model_id: Option<String>,
+    /// Exit when the process that started this one goes away (for supervisors and tests).
+    #[arg(long)]
+    exit_with_parent: bool,
 }
 
 #[derive(Args, Debug)]
@@ -153,6 +156,9 @@ pub fn rank(args: RankCmdArgs) -> Result<()> {
 }
 
 pub fn serve(args: ServeArgs) -> Result<()> {
+    if args.exit_with_parent {
+        exit_with_parent();
+    }
     let r = &args.rank;
     let path = r.model_path();
     let gguf = Arc::new(GgufFile::open(&path)?);

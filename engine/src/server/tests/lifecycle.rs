@@ -120,6 +120,21 @@ async fn a_client_leaving_mid_stream_aborts_the_request() {
 }
 
 #[tokio::test]
+async fn a_client_leaving_a_whole_response_request_aborts_it_too() {
+    let s = TestServer::start(vec![Script::Hold(vec![])]).await;
+    let addr = s.addr;
+    let client = tokio::spawn(async move {
+        let body = json!({"messages": [{"role": "user", "content": "hi"}]}).to_string();
+        super::send(addr, "POST", "/v1/chat/completions", &body, &[]).await
+    });
+    let tx = s.held().await;
+    client.abort();
+    tokio::time::timeout(Duration::from_secs(1), tx.closed())
+        .await
+        .expect("the engine's receiver was not dropped within a second");
+}
+
+#[tokio::test]
 async fn graceful_shutdown_finishes_the_request_in_flight() {
     let mut s = TestServer::start(vec![Script::Hold(vec!["partial "])]).await;
     let addr = s.addr;

@@ -23,6 +23,7 @@ use super::pool::ThreadPool;
 use crate::dtype::GgmlType;
 use crate::error::{Error, Result};
 
+mod attention;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -37,6 +38,7 @@ mod scalar;
 #[cfg(test)]
 mod tests;
 
+pub use attention::{attend_rows, attend_rows_with, KvHead};
 pub use float::{axpy, axpy_with, dot_f32, dot_f32_with};
 use quant::{ActLayout, QActs};
 

@@ -27,6 +27,7 @@ use std::ops::Range;
 use super::packed::Line;
 use super::quant::QActs;
 use super::scalar::{Q4_1_BYTES, Q8_0_BYTES, QK};
+use super::avx512::hsum8;
 use super::{OutPtr, QMatrix};
 use crate::dtype::GgmlType;
 
@@ -175,20 +176,62 @@ unsafe fn load_group<const Q8: bool>(src: *const u8, nbt: usize) -> (__m512i, __
     }
 }
 
-/// Tile of `R` weight rows × `C` activation rows: `out[c * R + r]`.
+/// Rows `0..n` (a multiple of `R`) of weight `w` times `C` packed activation rows, `R` rows at a
+/// time: `out[c * stride + r]`.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI, FMA, F16C; `w` holds `R` rows of `rb = nb * block bytes` bytes, `x`
-/// holds `C` packed rows of `rl = row_lines(nb)` lines; `out.len() >= R * C`.
+/// AVX-512 F/BW/VL/VNNI, FMA, F16C; `w` holds `n` rows of `rb = nb * block bytes` bytes, `x`
+/// holds `C` packed rows of `rl = row_lines(nb)` lines; `out + c * stride + r` is writable for
+/// `c < C`, `r < n`. `R * C <= 8`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows<const Q8: bool, const R: usize, const C: usize>(
+    w: *const u8,
+    rb: usize,
+    nb: usize,
+    n: usize,
+    x: *const Line,
+    rl: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    let mut r0 = 0;
+    while r0 < n {
+        // SAFETY: rows `r0..r0 + R` are among the caller's `n`.
+        let acc = unsafe { tile::<Q8, R, C>(w.add(r0 * rb), rb, nb, x, rl) };
+        let mut v = [_mm512_setzero_ps(); 8];
+        for c in 0..C {
+            for r in 0..R {
+                v[c * R + r] = acc[c][r];
+            }
+        }
+        let mut sums = [0f32; 16];
+        // SAFETY: 16 floats.
+        unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), hsum8(v)) };
+        for c in 0..C {
+            for r in 0..R {
+                let k = c * R + r;
+                // SAFETY: `c < C` and `r0 + r < n`, writable by the caller's promise.
+                unsafe { *out.add(c * stride + r0 + r) = sums[4 * (k % 4) + k / 4] };
+            }
+        }
+        r0 += R;
+    }
+}
+
+/// Tile of `R` weight rows × `C` activation rows: the unreduced accumulators `[c][r]`.
+///
+/// # Safety
+/// As [`rows`], for `R` rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[inline]
 unsafe fn tile<const Q8: bool, const R: usize, const C: usize>(
     w: *const u8,
     rb: usize,
     nb: usize,
     x: *const Line,
     rl: usize,
-    out: &mut [f32],
-) {
+) -> [[__m512; R]; C] {
     let bb = if Q8 { Q8_0_BYTES } else { Q4_1_BYTES };
     let idx = if Q8 { &Q8_0_SCALE_IDX } else { &Q4_1_SCALE_IDX };
     // SAFETY: 64 bytes of a static array.
@@ -251,11 +294,7 @@ unsafe fn tile<const Q8: bool, const R: usize, const C: usize>(
         }
         line += 1;
     }
-    for (c, acc_c) in acc.iter().enumerate() {
-        for r in 0..R {
-            out[c * R + r] = _mm512_reduce_add_ps(acc_c[r]);
-        }
-    }
+    acc
 }
 
 /// Weight rows per tile for `c` activation rows (what fits in 32 registers).
@@ -267,39 +306,41 @@ fn tile_rows(c: usize) -> usize {
     }
 }
 
-/// Runs one `nr` × `c` tile.
+/// Runs [`rows`] with `R = nr`, `C = c`.
 ///
 /// # Safety
-/// As [`tile`], with `nr` and `c` for `R` and `C`.
+/// As [`rows`].
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_dispatch(
+unsafe fn rows_dispatch(
     q8: bool,
     nr: usize,
     c: usize,
     w: *const u8,
     rb: usize,
     nb: usize,
+    n: usize,
     x: *const Line,
     rl: usize,
-    out: &mut [f32],
+    out: *mut f32,
+    stride: usize,
 ) {
     macro_rules! go {
         ($q8:literal) => {
             // SAFETY: forwarded from the caller.
             unsafe {
                 match (nr, c) {
-                    (4, 1) => tile::<$q8, 4, 1>(w, rb, nb, x, rl, out),
-                    (2, 2) => tile::<$q8, 2, 2>(w, rb, nb, x, rl, out),
-                    (2, 3) => tile::<$q8, 2, 3>(w, rb, nb, x, rl, out),
-                    (2, 4) => tile::<$q8, 2, 4>(w, rb, nb, x, rl, out),
-                    (1, 1) => tile::<$q8, 1, 1>(w, rb, nb, x, rl, out),
-                    (1, 2) => tile::<$q8, 1, 2>(w, rb, nb, x, rl, out),
-                    (1, 3) => tile::<$q8, 1, 3>(w, rb, nb, x, rl, out),
-                    (1, 4) => tile::<$q8, 1, 4>(w, rb, nb, x, rl, out),
-                    (1, 5) => tile::<$q8, 1, 5>(w, rb, nb, x, rl, out),
-                    (1, 6) => tile::<$q8, 1, 6>(w, rb, nb, x, rl, out),
-                    (1, 7) => tile::<$q8, 1, 7>(w, rb, nb, x, rl, out),
-                    (1, 8) => tile::<$q8, 1, 8>(w, rb, nb, x, rl, out),
+                    (4, 1) => rows::<$q8, 4, 1>(w, rb, nb, n, x, rl, out, stride),
+                    (2, 2) => rows::<$q8, 2, 2>(w, rb, nb, n, x, rl, out, stride),
+                    (2, 3) => rows::<$q8, 2, 3>(w, rb, nb, n, x, rl, out, stride),
+                    (2, 4) => rows::<$q8, 2, 4>(w, rb, nb, n, x, rl, out, stride),
+                    (1, 1) => rows::<$q8, 1, 1>(w, rb, nb, n, x, rl, out, stride),
+                    (1, 2) => rows::<$q8, 1, 2>(w, rb, nb, n, x, rl, out, stride),
+                    (1, 3) => rows::<$q8, 1, 3>(w, rb, nb, n, x, rl, out, stride),
+                    (1, 4) => rows::<$q8, 1, 4>(w, rb, nb, n, x, rl, out, stride),
+                    (1, 5) => rows::<$q8, 1, 5>(w, rb, nb, n, x, rl, out, stride),
+                    (1, 6) => rows::<$q8, 1, 6>(w, rb, nb, n, x, rl, out, stride),
+                    (1, 7) => rows::<$q8, 1, 7>(w, rb, nb, n, x, rl, out, stride),
+                    (1, 8) => rows::<$q8, 1, 8>(w, rb, nb, n, x, rl, out, stride),
                     _ => unreachable!("unsupported quad tile {nr}x{c}"),
                 }
             }
@@ -336,28 +377,31 @@ pub(crate) fn quad_block(
     for k in 0..parts {
         let c = (toks.end - i) / (parts - k);
         let x = acts.packed[i * rl..(i + c) * rl].as_ptr();
-        let mut r = rows.start;
-        while r < rows.end {
-            let nr = if rows.end - r >= tile_rows(c) {
-                tile_rows(c)
-            } else {
-                1
-            };
-            let mut res = [0f32; 4 * MAX_C];
-            // SAFETY: rows `r..r + nr` are inside `w` and tokens `i..i + c` inside the packed
-            // activations (asserted above); the caller checked the CPU features.
-            unsafe {
-                tile_dispatch(q8, nr, c, w.data[r * rb..].as_ptr(), rb, nb, x, rl, &mut res)
-            };
-            for ci in 0..c {
-                for ri in 0..nr {
-                    let idx = (i + ci) * w.rows + r + ri;
-                    // SAFETY: `idx < m * w.rows <= y.len()` (checked by the caller), and this
-                    // (token, row) pair belongs to this task only; see `OutPtr`.
-                    unsafe { *out.0.add(idx) = res[ci * nr + ri] };
-                }
+        let nr = tile_rows(c);
+        let main = rows.len() / nr * nr;
+        for (r, n, nr) in [(rows.start, main, nr), (rows.start + main, rows.len() - main, 1)] {
+            if n == 0 {
+                continue;
             }
-            r += nr;
+            // SAFETY: rows `r..r + n` are inside `w` and tokens `i..i + c` inside the packed
+            // activations (asserted above); outputs `(i + ci) * w.rows + r + ri` lie below
+            // `m * w.rows <= y.len()` (checked by the caller) and belong to this task only (see
+            // `OutPtr`); the caller checked the CPU features.
+            unsafe {
+                rows_dispatch(
+                    q8,
+                    nr,
+                    c,
+                    w.data[r * rb..].as_ptr(),
+                    rb,
+                    nb,
+                    n,
+                    x,
+                    rl,
+                    out.0.add(i * w.rows + r),
+                    w.rows,
+                )
+            };
         }
         i += c;
     }

@@ -1,0 +1,207 @@
+//! Reading a chat request: messages (text or text parts; assistant tool calls; tool results),
+//! tools and `tool_choice`, with the path of the offending field in every error.
+
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::parse::{root, sampling, Obj};
+use super::types::{ChatRequest, HistoryToolCall, Message, Role, ToolChoice, ToolDef};
+
+pub(crate) fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
+    let o = root(body)?;
+    match o.get("logprobs") {
+        None | Some(Value::Bool(false)) => {}
+        Some(Value::Bool(true)) => {
+            return Err(ApiError::unsupported(
+                "logprobs",
+                "logprobs: not supported by this server (only false)",
+            ))
+        }
+        Some(_) => return Err(ApiError::expected("logprobs", "a boolean")),
+    }
+    if o.usize("top_logprobs")?.is_some_and(|n| n > 0) {
+        return Err(ApiError::unsupported(
+            "top_logprobs",
+            "top_logprobs: not supported by this server",
+        ));
+    }
+    let items = o.array("messages", "an array of messages")?;
+    let items = o.required("messages", items)?;
+    if items.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "messages: must contain at least one message",
+        ));
+    }
+    let messages = items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| message(v, i))
+        .collect::<Result<_, _>>()?;
+    let tools = match o.array("tools", "an array of tools")? {
+        Some(list) => list
+            .iter()
+            .enumerate()
+            .map(|(i, v)| tool(v, i))
+            .collect::<Result<_, _>>()?,
+        None => Vec::new(),
+    };
+    Ok(ChatRequest {
+        tool_choice: tool_choice(&o, &tools)?,
+        messages,
+        tools,
+        sampling: sampling(&o)?,
+    })
+}
+
+fn message(v: &Value, i: usize) -> Result<Message, ApiError> {
+    let o = Obj::at(v, format!("messages[{i}]"), "a message object")?;
+    let role = o.str("role")?;
+    let role = match o.required("role", role)? {
+        "system" | "developer" => Role::System,
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        "tool" => Role::Tool,
+        other => {
+            let path = o.path("role");
+            return Err(ApiError::invalid(
+                &path,
+                format!(
+                    "{path}: unknown role {other:?} (expected system, user, assistant or tool)"
+                ),
+            ));
+        }
+    };
+    let content = content(&o)?;
+    let mut tool_calls = Vec::new();
+    if role == Role::Assistant {
+        for (j, call) in o
+            .array("tool_calls", "an array of tool calls")?
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let c = Obj::at(
+                call,
+                format!("{}[{j}]", o.path("tool_calls")),
+                "a tool call object",
+            )?;
+            let f = c.object("function", "an object")?;
+            let f = c.required("function", f)?;
+            let name = f.str("name")?;
+            let arguments = match f.get("arguments") {
+                None => "{}".to_owned(),
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+            };
+            tool_calls.push(HistoryToolCall {
+                name: f.required("name", name)?.to_owned(),
+                arguments,
+            });
+        }
+    }
+    if content.is_none() && role != Role::Assistant {
+        o.required("content", None::<()>)?;
+    }
+    Ok(Message {
+        role,
+        content,
+        tool_calls,
+        tool_call_id: o.str("tool_call_id")?.map(str::to_owned),
+    })
+}
+
+fn content(o: &Obj) -> Result<Option<String>, ApiError> {
+    let parts = match o.get("content") {
+        None => return Ok(None),
+        Some(Value::String(s)) => return Ok(Some(s.clone())),
+        Some(Value::Array(parts)) => parts,
+        Some(_) => {
+            return Err(ApiError::expected(
+                &o.path("content"),
+                "a string or an array of text parts",
+            ))
+        }
+    };
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, part) in parts.iter().enumerate() {
+        let p = Obj::at(
+            part,
+            format!("{}[{j}]", o.path("content")),
+            "a content part object",
+        )?;
+        match p.str("type")? {
+            Some("text") => {}
+            Some(other) => {
+                let path = p.path("type");
+                return Err(ApiError::unsupported(
+                    &path,
+                    format!("{path}: only \"text\" content parts are supported, got {other:?}"),
+                ));
+            }
+            None => return Err(ApiError::expected(&p.path("type"), "\"text\"")),
+        }
+        let text = p.str("text")?;
+        texts.push(p.required("text", text)?);
+    }
+    Ok(Some(texts.join("\n")))
+}
+
+fn tool(v: &Value, i: usize) -> Result<ToolDef, ApiError> {
+    let o = Obj::at(v, format!("tools[{i}]"), "a tool object")?;
+    match o.str("type")? {
+        None | Some("function") => {}
+        Some(other) => {
+            let path = o.path("type");
+            return Err(ApiError::unsupported(
+                &path,
+                format!("{path}: only \"function\" tools are supported, got {other:?}"),
+            ));
+        }
+    }
+    let f = o.object("function", "an object")?;
+    let f = o.required("function", f)?;
+    let name = f.str("name")?;
+    let name = f.required("name", name.filter(|n| !n.is_empty()))?;
+    // Built by hand to keep the conventional key order (serde_json's maps are sorted).
+    let mut function = format!("{{\"name\":{}", Value::from(name));
+    if let Some(d) = f.str("description")? {
+        function.push_str(&format!(",\"description\":{}", Value::from(d)));
+    }
+    if let Some(p) = f.object("parameters", "a JSON schema object")? {
+        function.push_str(&format!(",\"parameters\":{}", Value::Object(p.map.clone())));
+    }
+    function.push('}');
+    Ok(ToolDef {
+        name: name.to_owned(),
+        schema: format!("{{\"type\":\"function\",\"function\":{function}}}"),
+    })
+}
+
+fn tool_choice(o: &Obj, tools: &[ToolDef]) -> Result<ToolChoice, ApiError> {
+    match o.get("tool_choice") {
+        None => Ok(ToolChoice::Auto),
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => Ok(ToolChoice::None),
+            "auto" => Ok(ToolChoice::Auto),
+            "required" => Ok(ToolChoice::Required),
+            other => Err(ApiError::invalid(
+                "tool_choice",
+                format!("tool_choice: expected \"none\", \"auto\", \"required\" or a function, got {other:?}"),
+            )),
+        },
+        Some(v) => {
+            let c = Obj::at(v, "tool_choice".into(), "a string or a function object")?;
+            let f = c.object("function", "an object")?;
+            let name = c.required("function", f)?.str("name")?;
+            let name = c.required("function.name", name)?;
+            if !tools.iter().any(|t| t.name == name) {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("tool_choice: function {name:?} is not among the request's tools"),
+                ));
+            }
+            Ok(ToolChoice::Function(name.to_owned()))
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The three-rank pipeline against the real model: ranks as real processes on loopback,
+//! driven through the OpenAI API.
+
+mod harness;
+
+use std::io::BufRead;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use harness::*;
+
+const PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "import numpy as np\n\n# compute the mean of an array\n",
+    "The quick brown fox",
+    "Q: What is 12 plus 7?\nA:",
+    "In 1492, Columbus",
+];
+
+/// One three-rank server shared by the tests that only read from it.
+fn three_ranks() -> &'static Server {
+    static S: OnceLock<Server> = OnceLock::new();
+    S.get_or_init(|| start(&["--ranks", "3", "--threads", "1", "--kv-tokens", "4096"]))
+}
+
+#[test]
+fn three_ranks_give_the_same_greedy_text_as_one() {
+    let one = start(&["--ranks", "1", "--threads", "2", "--kv-tokens", "4096"]);
+    let three = three_ranks();
+    for p in &PROMPTS[..4] {
+        assert_eq!(complete(&three.addr, p, 24), complete(&one.addr, p, 24), "prompt {p:?}");
+    }
+    let h = health(&three.addr);
+    assert_eq!(h["status"], "ok");
+    let ranks = h["ranks"].as_array().expect("ranks");
+    assert_eq!(ranks.len(), 3);
+    let layers: Vec<&Value> = ranks.iter().map(|r| &r["layers"]).collect();
+    assert_eq!(layers, [&json!([0, 9]), &json!([10, 19]), &json!([20, 29])]);
+    for r in ranks {
+        assert_eq!(r["kv_tokens_total"], 4096, "every rank holds the same pool: {h}");
+        assert!(r["weight_bytes"].as_u64().expect("bytes") > 0);
+    }
+}
+
+#[test]
+fn eight_concurrent_requests_equal_the_same_requests_one_at_a_time() {
+    let s = three_ranks();
+    let alone: Vec<String> = PROMPTS.iter().map(|p| complete(&s.addr, p, 32)).collect();
+    let together: Vec<String> = std::thread::scope(|scope| {
+        let hs: Vec<_> = PROMPTS.iter().map(|p| scope.spawn(|| complete(&s.addr, p, 32))).collect();
+        hs.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    assert_eq!(together, alone);
+    eventually(5, "an empty KV pool after completions", || kv_used(&s.addr) == vec![0, 0, 0]);
+}
+
+fn kv_used(addr: &str) -> Vec<u64> {
+    health(addr)["ranks"].as_array().expect("ranks").iter().map(|r| r["kv_tokens_used"].as_u64().expect("used")).collect()
+}
+
+#[test]
+fn cancelled_streams_return_their_kv_blocks() {
+    let s = three_ranks();
+    let streams: Vec<_> = (0..4)
+        .map(|i| {
+            open_stream(
+                &s.addr,
+                &json!({"prompt": PROMPTS[i], "max_tokens": 2000, "ignore_eos": true, "stream": true, "temperature": 0}),
+            )
+        })
+        .collect();
+    eventually(5, "KV in use on every rank", || kv_used(&s.addr).iter().all(|&u| u > 0));
+    drop(streams);
+    eventually(5, "an empty KV pool after cancellations", || kv_used(&s.addr) == vec![0, 0, 0]);
+    let (_, metrics) = http(&s.addr, "GET", "/metrics", None);
+    assert!(metrics.contains("vllm:num_requests_running"), "{metrics}");
+}
+
+#[test]
+fn an_over_long_request_is_refused_before_any_work() {
+    let s = three_ranks();
+    let (status, v) = post_json(&s.addr, "/v1/completions", &json!({"prompt": "hello", "max_tokens": 20000}));
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+}
+
+#[test]
+fn killing_the_last_rank_fails_in_flight_requests_within_two_seconds() {
+    let s = start(&["--ranks", "3", "--threads", "1", "--kv-tokens", "4096"]);
+    let mut stream = open_stream(
+        &s.addr,
+        &json!({"prompt": "Tell me a long story.", "max_tokens": 4000, "ignore_eos": true, "stream": true}),
+    );
+    let rank2 = children(s.child.id())
+        .into_iter()
+        .find(|&p| cmdline(p).contains("--rank 2"))
+        .expect("rank 2 is a child of serve");
+    let killed = Instant::now();
+    std::process::Command::new("kill").args(["-9", &rank2.to_string()]).status().expect("kill");
+    // The stream must end with an explicit error, not just stop.
+    let mut saw_error = false;
+    let mut line = String::new();
+    while stream.read_line(&mut line).unwrap_or(0) > 0 {
+        if line.contains("\"error\"") {
+            saw_error = true;
+        }
+        if line.contains("[DONE]") {
+            break;
+        }
+        line.clear();
+    }
+    let took = killed.elapsed();
+    assert!(saw_error, "the stream ended without an error event");
+    assert!(took < Duration::from_secs(2), "the error took {took:?}");
+    let h = health(&s.addr);
+    assert_ne!(h["status"], "ok", "{h}");
+    assert_eq!(h["ranks"][2]["up"], false, "{h}");
+    let (status, v) = post_json(&s.addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 4}));
+    assert_eq!(status, 503, "{v}");
+}
+
+#[test]
+fn a_rank_with_a_different_layer_split_or_secret_is_refused() {
+    let secret = ("SLUICE_CLUSTER_SECRET", "s3cret");
+    let mut rank = engine_cmd()
+        .args(["rank", "--rank", "1", "--ranks", "2", "--listen", "127.0.0.3:0", "--layers", "0-14,15-29", "--kv-tokens", "1024"])
+        .args(["--model", &model_path().to_string_lossy()])
+        .env(secret.0, secret.1)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start rank");
+    let mut out = std::io::BufReader::new(rank.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("LISTENING line");
+    let addr = line.trim().strip_prefix("LISTENING ").expect("address").to_owned();
+
+    let err = try_start(&["--ranks", "2", "--layers", "0-9,10-29", "--rank-addrs", &addr, "--kv-tokens", "1024"], &[secret])
+        .err()
+        .expect("a mismatched split is refused");
+    assert!(err.contains("blocks"), "{err}");
+    let err = try_start(&["--ranks", "2", "--layers", "0-14,15-29", "--rank-addrs", &addr, "--kv-tokens", "1024"], &[(secret.0, "wrong")])
+        .err()
+        .expect("a wrong secret is refused");
+    assert!(err.contains("secret"), "{err}");
+    // The right split and secret are accepted by the same rank.
+    let ok = try_start(&["--ranks", "2", "--layers", "0-14,15-29", "--rank-addrs", &addr, "--kv-tokens", "1024"], &[secret])
+        .expect("matching rank 0 connects");
+    assert_eq!(health(&ok.addr)["status"], "ok");
+    drop(ok);
+    let _ = rank.kill();
+    let _ = rank.wait();
+}
