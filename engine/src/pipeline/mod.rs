@@ -25,8 +25,8 @@ use crate::transport::message::Sampled;
 pub trait Driver: Send {
     /// Runs rank 0's part of `batch` and passes it down the pipeline.
     fn submit(&mut self, batch: MicroBatch) -> Result<()>;
-    /// Tells every rank to forget these sequences.
-    fn release(&mut self, seqs: Vec<u64>) -> Result<()>;
+    /// Tells every rank to forget these sequences, and how many KV blocks are now in use.
+    fn release(&mut self, seqs: Vec<u64>, kv_blocks_used: u64) -> Result<()>;
     /// Every rank's health; rank 0 reports `kv_tokens_used` itself.
     fn ranks(&self, kv_tokens_used: usize) -> Vec<RankHealth>;
 }
@@ -36,8 +36,8 @@ impl<D: Driver + ?Sized> Driver for Box<D> {
         (**self).submit(batch)
     }
 
-    fn release(&mut self, seqs: Vec<u64>) -> Result<()> {
-        (**self).release(seqs)
+    fn release(&mut self, seqs: Vec<u64>, kv_blocks_used: u64) -> Result<()> {
+        (**self).release(seqs, kv_blocks_used)
     }
 
     fn ranks(&self, kv_tokens_used: usize) -> Vec<RankHealth> {
@@ -72,7 +72,7 @@ impl<B: Backend> Driver for LocalDriver<B> {
         Ok(())
     }
 
-    fn release(&mut self, seqs: Vec<u64>) -> Result<()> {
+    fn release(&mut self, seqs: Vec<u64>, _kv_blocks_used: u64) -> Result<()> {
         self.stage.release(&seqs);
         Ok(())
     }

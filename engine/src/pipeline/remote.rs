@@ -142,9 +142,9 @@ impl<B: Backend> Driver for RemoteDriver<B> {
         self.data.send(&Message::Forward(f), &hidden)
     }
 
-    fn release(&mut self, seqs: Vec<u64>) -> Result<()> {
+    fn release(&mut self, seqs: Vec<u64>, kv_blocks_used: u64) -> Result<()> {
         self.stage.release(&seqs);
-        self.data.send(&Message::Release { seqs }, &[])
+        self.data.send(&Message::Release { seqs, kv_blocks_used }, &[])
     }
 
     fn ranks(&self, kv_tokens_used: usize) -> Vec<RankHealth> {

@@ -174,10 +174,11 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
                     }
                 }
             }
-            Message::Release { seqs } => {
+            Message::Release { seqs, kv_blocks_used } => {
                 stage.release(&seqs);
+                lock(&status).kv_blocks_used = kv_blocks_used;
                 if let Some(n) = &next {
-                    n.send(&Message::Release { seqs }, &[])?;
+                    n.send(&Message::Release { seqs, kv_blocks_used }, &[])?;
                 }
             }
             Message::Shutdown => {

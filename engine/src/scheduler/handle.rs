@@ -198,7 +198,8 @@ fn engine_loop<D: Driver>(mut sched: Scheduler, mut driver: D, rx: Receiver<Inpu
         sched.abort_disconnected();
         let released = sched.take_released();
         if down.is_none() && !released.is_empty() {
-            if let Err(e) = driver.release(released) {
+            let used = (sched.kv_tokens_used() / crate::kv::BLOCK_SIZE) as u64;
+            if let Err(e) = driver.release(released, used) {
                 down = Some(format!("the pipeline failed: {e}"));
             }
         }

@@ -1,7 +1,7 @@
 //! One request as the scheduler tracks it.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -32,6 +32,8 @@ pub struct Sequence {
     stops: StopMatcher,
     tx: UnboundedSender<GenerationEvent>,
     pub arrival: Instant,
+    /// Wall-clock time of arrival, for the spans.
+    arrival_wall: SystemTime,
     pub scheduled_at: Option<Instant>,
     pub first_token_at: Option<Instant>,
 }
@@ -70,6 +72,7 @@ impl Sequence {
             stops,
             tx,
             arrival: Instant::now(),
+            arrival_wall: SystemTime::now(),
             scheduled_at: None,
             first_token_at: None,
         }
@@ -133,6 +136,7 @@ impl Sequence {
             prefill: first.saturating_duration_since(scheduled),
             decode: now.saturating_duration_since(first),
         };
+        self.record_spans(now, &[("gen_ai.response.finish_reasons", reason.as_str().to_owned())]);
         let _ = self.tx.send(GenerationEvent::Finished {
             text,
             reason,
@@ -143,6 +147,45 @@ impl Sequence {
     }
 
     pub fn fail(&self, err: crate::api::EngineError) {
+        self.record_spans(Instant::now(), &[("error.type", err.to_string())]);
         let _ = self.tx.send(GenerationEvent::Failed(err));
+    }
+
+    /// Records `engine.request` (a child of the caller's span, in the caller's trace) with
+    /// `engine.prefill` (first scheduled → first token) and `engine.decode` (first token → end).
+    fn record_spans(&self, end: Instant, extra: &[(&'static str, String)]) {
+        use crate::trace::{new_id, record, SpanRecord};
+        let wall = |t: Instant| self.arrival_wall + t.saturating_duration_since(self.arrival);
+        let (trace_id, parent_id) = match self.req.trace {
+            Some(t) => (t.trace_id, Some(t.parent_id)),
+            None => (new_id::<16>(), None),
+        };
+        let request_id = new_id::<8>();
+        let mut attributes = vec![
+            ("gen_ai.usage.input_tokens", self.n_prompt.to_string()),
+            ("gen_ai.usage.output_tokens", self.n_generated().to_string()),
+            ("gen_ai.request.max_tokens", self.req.max_tokens.to_string()),
+        ];
+        if let Some(s) = self.scheduled_at {
+            attributes.push(("gen_ai.latency.time_in_queue", format!("{:.6}", (s - self.arrival).as_secs_f64())));
+        }
+        attributes.extend(extra.iter().cloned());
+        let span = |name, span_id, parent_id, start, end, attributes| SpanRecord {
+            name,
+            trace_id,
+            span_id,
+            parent_id,
+            start: wall(start),
+            end: wall(end),
+            attributes,
+        };
+        record(span("engine.request", request_id, parent_id, self.arrival, end, attributes));
+        if let Some(s) = self.scheduled_at {
+            let first = self.first_token_at.unwrap_or(end);
+            record(span("engine.prefill", new_id(), Some(request_id), s, first, vec![]));
+            if self.first_token_at.is_some() {
+                record(span("engine.decode", new_id(), Some(request_id), first, end, vec![]));
+            }
+        }
     }
 }

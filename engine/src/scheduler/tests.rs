@@ -94,9 +94,10 @@ async fn concurrent_requests_match_solo_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_prefill_and_preemption_change_nothing() {
-    // Chunks of 8 tokens, 3 running at once, and a pool of 8 blocks for 4 requests that need
-    // 3 blocks each at the end: chunking and preemption must both happen.
-    let reqs: Vec<_> = (0..4).map(|i| request(10 + i, 30, 16)).collect();
+    // Chunks of 8 tokens, 3 running at once, a pool of 8 blocks.
+    // Two 40-token prompts fit the 8-block pool (3 blocks each); growing to 80 tokens (5 blocks
+    // each) cannot, so the newer one is preempted and recomputed.
+    let reqs: Vec<_> = (0..4).map(|i| request(10 + i, 40, 40)).collect();
     let want: Vec<_> = reqs.iter().map(solo).collect();
     let e = engine(3, 8, 8);
     let rxs: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
@@ -138,4 +139,32 @@ async fn stop_tokens_min_tokens_and_the_context_window() {
     let (ids, reason, _) = collect(e.submit(r).unwrap()).await;
     assert_eq!((ids.len(), reason), (10, FinishReason::Length));
     assert!(ids.iter().all(|t| !e.tokenizer().is_stop(*t)), "{ids:?}");
+}
+
+/// Collects every span recorded in this test process.
+struct Collect(std::sync::Mutex<Vec<crate::trace::SpanRecord>>);
+
+impl crate::trace::SpanSink for Collect {
+    fn record(&self, span: crate::trace::SpanRecord) {
+        self.0.lock().unwrap().push(span);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_spans_join_the_callers_trace() {
+    static SINK: std::sync::OnceLock<Arc<Collect>> = std::sync::OnceLock::new();
+    let sink = SINK.get_or_init(|| Arc::new(Collect(Default::default()))).clone();
+    // Only the first call installs it; this test is the only one that sets a sink.
+    crate::trace::set_sink(sink.clone());
+    let caller = crate::trace::TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+    let e = engine(2, 64, 64);
+    let r = GenerationRequest { trace: Some(caller), ignore_eos: true, ..request(40, 8, 5) };
+    collect(e.submit(r).unwrap()).await;
+    let spans: Vec<_> = sink.0.lock().unwrap().iter().filter(|s| s.trace_id == caller.trace_id).cloned().collect();
+    let by = |n: &str| spans.iter().find(|s| s.name == n).unwrap_or_else(|| panic!("no {n} span in {spans:?}"));
+    let (req, pre, dec) = (by("engine.request"), by("engine.prefill"), by("engine.decode"));
+    assert_eq!(req.parent_id, Some(caller.parent_id), "engine.request is a child of the caller's span");
+    assert_eq!((pre.parent_id, dec.parent_id), (Some(req.span_id), Some(req.span_id)));
+    assert!(req.start <= pre.start && pre.end <= dec.start && dec.end <= req.end);
+    assert!(req.attributes.contains(&("gen_ai.usage.output_tokens", "5".into())), "{:?}", req.attributes);
 }

@@ -129,8 +129,9 @@ pub enum Message {
     Ready { rank: u32 },
     Forward(Forward),
     Sampled(Sampled),
-    /// Forget these sequences: their KV block tables and sampler state.
-    Release { seqs: Vec<u64> },
+    /// Forget these sequences' sampler state; `kv_blocks_used` is rank 0's count after
+    /// freeing their blocks (so every rank keeps reporting the same use).
+    Release { seqs: Vec<u64>, kv_blocks_used: u64 },
     Heartbeat(Option<RankStatus>),
     /// A rank hit an error it cannot recover from.
     Fatal { reason: String },

@@ -91,7 +91,7 @@ pub fn attend_rows_with(
                 // SAFETY: the level is clamped to the detected one, so AVX-512F is present;
                 // every slot of the used blocks lies inside both caches and `off + hd <= stride`
                 // (asserted above); `scores` holds `n_max` rounded up to 16 floats.
-                unsafe { x86::attend(kv, q, q_stride, hd, n_ctx0, scale, &mut scores, out) }
+                unsafe { x86::attend_dispatch(kv, q, q_stride, hd, n_ctx0, scale, &mut scores, out) }
             }
             l => portable(l, kv, q, q_stride, hd, n_ctx0, scale, &mut scores, out),
         }
@@ -153,13 +153,19 @@ mod x86 {
         let r = _mm512_fnmadd_pd(n, _mm512_set1_pd(0.693_147_180_369_123_8), x);
         let r = _mm512_fnmadd_pd(n, _mm512_set1_pd(1.908_214_929_270_587_7e-10), r);
         // Taylor series to r^11 / 11! (|r| <= ln 2 / 2: truncation error below 1e-13).
-        let mut p = _mm512_set1_pd(1.0 / 39_916_800.0);
-        let mut f = 39_916_800.0;
-        for k in (1..=10).rev() {
-            f /= (k + 1) as f64;
-            p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / f));
+        const INV_FACT: [f64; 12] = {
+            let mut c = [1.0; 12];
+            let mut k = 1;
+            while k < 12 {
+                c[k] = c[k - 1] / k as f64;
+                k += 1;
+            }
+            c
+        };
+        let mut p = _mm512_set1_pd(INV_FACT[11]);
+        for &c in INV_FACT[..11].iter().rev() {
+            p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(c));
         }
-        let p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
         _mm512_cvtpd_ps(_mm512_scalef_pd(p, n))
     }
 
@@ -172,13 +178,12 @@ mod x86 {
         _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, s))
     }
 
+    /// [`attend`] for `hd.div_ceil(16)` vectors.
+    ///
     /// # Safety
-    /// AVX-512F; `hd <= 16 * MAX_VECS`; the caches hold every slot of the blocks of positions
-    /// `< n_ctx0 + rows - 1` and `kv.off + hd <= kv.stride`; `q` holds the rows' queries;
-    /// `scores.len()` is at least the longest context rounded up to 16.
-    #[target_feature(enable = "avx512f")]
+    /// As [`attend`].
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn attend(
+    pub(super) unsafe fn attend_dispatch(
         kv: &KvHead,
         q: &[f32],
         q_stride: usize,
@@ -188,7 +193,35 @@ mod x86 {
         scores: &mut [f32],
         out: &mut [f32],
     ) {
-        let nv = hd.div_ceil(16);
+        macro_rules! go {
+            ($($nv:literal)*) => {
+                match hd.div_ceil(16) {
+                    // SAFETY: forwarded from the caller.
+                    $($nv => unsafe { attend::<$nv>(kv, q, q_stride, hd, n_ctx0, scale, scores, out) },)*
+                    _ => unreachable!("head of {hd} floats"),
+                }
+            };
+        }
+        go!(1 2 3 4 5 6 7 8)
+    }
+
+    /// # Safety
+    /// AVX-512F; `hd <= 16 * NV`; the caches hold every slot of the blocks of positions
+    /// `< n_ctx0 + rows - 1` and `kv.off + hd <= kv.stride`; `q` holds the rows' queries;
+    /// `scores.len()` is at least the longest context rounded up to 16.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn attend<const NV: usize>(
+        kv: &KvHead,
+        q: &[f32],
+        q_stride: usize,
+        hd: usize,
+        n_ctx0: usize,
+        scale: f32,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let nv = NV;
         let tail: __mmask16 = if hd.is_multiple_of(16) {
             0xFFFF
         } else {
@@ -198,8 +231,8 @@ mod x86 {
         let (kp, vp, sp) = (kv.k.as_ptr(), kv.v.as_ptr(), scores.as_mut_ptr());
         for (r, o) in out.chunks_exact_mut(hd).enumerate() {
             let n = n_ctx0 + r;
-            let mut qv = [_mm512_setzero_ps(); MAX_VECS];
-            for (j, qj) in qv.iter_mut().enumerate().take(nv) {
+            let mut qv = [_mm512_setzero_ps(); NV];
+            for (j, qj) in qv.iter_mut().enumerate() {
                 // SAFETY: the row's query holds `hd` floats; the load is masked to them.
                 *qj = unsafe { _mm512_maskz_loadu_ps(mask(j), q.as_ptr().add(r * q_stride + 16 * j)) };
             }
@@ -211,7 +244,7 @@ mod x86 {
                     let at = kv.at((p0 + i).min(n - 1));
                     // Even and odd vectors in two sums, as `dot_f32` adds them.
                     let mut odd = _mm512_setzero_ps();
-                    for (j, &qj) in qv.iter().enumerate().take(nv) {
+                    for (j, &qj) in qv.iter().enumerate() {
                         // SAFETY: `at + hd` lies inside the key cache (caller's promise).
                         let k = unsafe { _mm512_maskz_loadu_ps(mask(j), kp.add(at + 16 * j)) };
                         if j % 2 == 0 {
@@ -248,18 +281,18 @@ mod x86 {
                 // SAFETY: `p0 + 16 <= scores.len()`.
                 unsafe { _mm512_storeu_ps(sp.add(p0), _mm512_div_ps(_mm512_loadu_ps(sp.add(p0)), sumv)) };
             }
-            let mut acc = [_mm512_setzero_ps(); MAX_VECS];
+            let mut acc = [_mm512_setzero_ps(); NV];
             for p in 0..n {
                 let at = kv.at(p);
                 // SAFETY: `p < n <= scores.len()`.
                 let w = _mm512_set1_ps(unsafe { *sp.add(p) });
-                for (j, a) in acc.iter_mut().enumerate().take(nv) {
+                for (j, a) in acc.iter_mut().enumerate() {
                     // SAFETY: `at + hd` lies inside the value cache (caller's promise).
                     let v = unsafe { _mm512_maskz_loadu_ps(mask(j), vp.add(at + 16 * j)) };
                     *a = _mm512_fmadd_ps(w, v, *a);
                 }
             }
-            for (j, a) in acc.iter().enumerate().take(nv) {
+            for (j, a) in acc.iter().enumerate() {
                 // SAFETY: the row's output holds `hd` floats; the store is masked to them.
                 unsafe { _mm512_mask_storeu_ps(o.as_mut_ptr().add(16 * j), mask(j), *a) };
             }
