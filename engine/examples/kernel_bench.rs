@@ -215,18 +215,21 @@ fn attention_bench(budget: Duration) {
             .collect();
         let scale = 1.0 / (hd as f32).sqrt();
         let mut out = vec![0f32; hd];
+        let group = heads / kv_heads;
+        let mut outs = vec![0f32; group * hd];
         let kernel = time_it(budget, || {
             for t in &tables {
-                for h in 0..heads {
+                for kvh in 0..kv_heads {
                     let kv = KvHead {
                         k: &k,
                         v: &v,
                         stride,
-                        off: h / 3 * hd,
+                        off: kvh * hd,
                         blocks: t,
                         block_size: bs,
                     };
-                    attend_rows(&kv, &q[h * hd..], hd, hd, ctx, scale, &mut out);
+                    let q = &q[kvh * group * hd..];
+                    attend_rows(&kv, q, group * hd, hd, group, ctx, scale, &mut outs);
                 }
             }
         });

@@ -11,13 +11,15 @@ use crate::kv::{SeqRows, BLOCK_SIZE};
 /// amortize the task.
 const ROWS_PER_TASK: usize = 16;
 
-/// One unit of work: some query rows of one sequence, one query head.
+/// One unit of work: some query rows of one sequence, `n_heads` query heads from `head`
+/// (sharing one KV head).
 #[derive(Clone, Copy)]
 struct Task {
     seq: usize,
     row0: usize,
     n_rows: usize,
     head: usize,
+    n_heads: usize,
 }
 
 /// `out[row, head] = softmax(q·Kᵀ / √d) · V` over positions `0..=pos(row)` of the row's sequence;
@@ -41,24 +43,34 @@ pub fn attend(
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
 
+    // The query heads of one KV head go together (they share every key and value load), unless
+    // that leaves too few tasks to balance the threads.
+    let row_chunks: usize = seqs.iter().map(|s| s.len.div_ceil(ROWS_PER_TASK)).sum();
+    let per_task = if row_chunks * n_kv_heads >= 4 * pool.n_threads() {
+        group
+    } else {
+        1
+    };
     let mut tasks = Vec::new();
     for (si, s) in seqs.iter().enumerate() {
         for row0 in (0..s.len).step_by(ROWS_PER_TASK) {
-            for head in 0..n_heads {
+            for head in (0..n_heads).step_by(per_task) {
                 tasks.push(Task {
                     seq: si,
                     row0,
                     n_rows: ROWS_PER_TASK.min(s.len - row0),
                     head,
+                    n_heads: per_task,
                 });
             }
         }
     }
-    let mut buf = vec![0.0; tasks.iter().map(|t| t.n_rows * head_dim).sum()];
+    let size = |t: &Task| t.n_rows * t.n_heads * head_dim;
+    let mut buf = vec![0.0; tasks.iter().map(size).sum()];
     let mut results: Vec<Mutex<&mut [f32]>> = Vec::with_capacity(tasks.len());
     let mut rest = &mut buf[..];
     for t in &tasks {
-        let (mine, more) = rest.split_at_mut(t.n_rows * head_dim);
+        let (mine, more) = rest.split_at_mut(size(t));
         results.push(Mutex::new(mine));
         rest = more;
     }
@@ -81,6 +93,7 @@ pub fn attend(
             &q[row * q_width + t.head * head_dim..],
             q_width,
             head_dim,
+            t.n_heads,
             s.pos + t.row0 + 1,
             scale,
             &mut res,
@@ -90,8 +103,9 @@ pub fn attend(
     for (t, res) in tasks.iter().zip(results) {
         let res = res.into_inner().unwrap_or_else(|e| e.into_inner());
         let row0 = seqs[t.seq].start + t.row0;
-        for (r, res) in res.chunks_exact(head_dim).enumerate() {
-            out[(row0 + r) * q_width + t.head * head_dim..][..head_dim].copy_from_slice(res);
+        let width = t.n_heads * head_dim;
+        for (r, res) in res.chunks_exact(width).enumerate() {
+            out[(row0 + r) * q_width + t.head * head_dim..][..width].copy_from_slice(res);
         }
     }
 }
