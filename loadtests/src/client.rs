@@ -84,6 +84,12 @@ impl Endpoint {
         &self.completions
     }
 
+    /// The URL requests are POSTed to.
+    pub fn completions_url(&self) -> String {
+        let host = self.host.to_str().unwrap_or("?");
+        format!("http://{host}{}", self.completions)
+    }
+
     fn request(&self, method: Method, path: &str, body: Bytes) -> Result<Request<Full<Bytes>>> {
         let mut req = Request::builder()
             .method(method)
@@ -665,7 +671,7 @@ mod tests {
         assert!(s.on_event(r#"{"choices":[{"delta":{"content":"a"}}]}"#, at(1)));
         assert!(s.on_event("[DONE]", at(2)));
         let sample = s.into_sample(at(2), None);
-        assert_eq!((sample.outcome, sample.tokens()), (Outcome::Ok, 1));
+        assert_eq!((&sample.outcome, sample.tokens()), (&Outcome::Ok, 1));
 
         let mut s = StreamState::new(t0);
         assert!(s.on_event(r#"{"choices":[{"text":"a"}]}"#, at(1)));

@@ -93,9 +93,8 @@ async fn bench(args: BenchArgs) -> Result<bool> {
         .unwrap_or_else(sluice_engine::model::default_model_path);
     let prompts = Arc::new(PromptBuilder::from_model(&model_path, seed)?);
     eprintln!(
-        "sluice-load: POST {} {}, model {model_name:?}, prompt seed {seed}, timeout {:?}",
-        args.url,
-        endpoint.completions_path(),
+        "sluice-load: POST {}, model {model_name:?}, prompt seed {seed}, timeout {:?}",
+        endpoint.completions_url(),
         args.timeout
     );
     let cfg = run::BenchConfig {
@@ -108,12 +107,15 @@ async fn bench(args: BenchArgs) -> Result<bool> {
         progress: true,
     };
     let levels = run::bench(&cfg, prompts, |level| {
+        let ttft = level
+            .ttft_ms
+            .p50
+            .map_or_else(|| "-".to_owned(), |ms| format!("{ms:.0} ms"));
         eprintln!(
-            "  done: {}/{} ok, {:.1} output tok/s, TTFT p50 {:.0} ms",
+            "  done: {}/{} ok, {:.1} output tok/s, TTFT p50 {ttft}",
             level.succeeded,
             level.total,
             level.output_tok_per_s(),
-            level.ttft_ms.p50.unwrap_or(f64::NAN)
         );
         if args.json {
             println!("{}", report::level_json(level, &args.url, &model_name));

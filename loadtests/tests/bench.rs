@@ -1,4 +1,5 @@
 //! `bench` against a fake OpenAI-compatible SSE server started inside the test.
+#![allow(clippy::unwrap_used)] // test scaffolding: a broken fake should fail loudly
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -1,7 +1,7 @@
 //! `sluice-engine serve --ranks R` on one host: starts ranks 1..R-1 as child processes of its
 //! own binary, reads the address each one bound, and kills them when it goes.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
@@ -55,7 +55,8 @@ pub fn spawn_ranks(exe: &std::path::Path, n_ranks: usize, host: &str, args: &[St
             let tail = stderr_tail.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(err).lines().map_while(std::result::Result::ok) {
-                    eprintln!("[rank {k}] {line}");
+                    // Never eprintln!: it panics when our own stderr is gone.
+                    let _ = writeln!(std::io::stderr(), "[rank {k}] {line}");
                     let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
                     t.push(line);
                     if t.len() > 20 {
@@ -91,8 +92,14 @@ pub fn exit_with_parent() {
     std::thread::spawn(move || loop {
         std::thread::sleep(std::time::Duration::from_millis(200));
         if std::os::unix::process::parent_id() != parent {
-            eprintln!("the parent process went away; stopping");
-            std::process::exit(1);
+            stop("the parent process went away; stopping");
         }
     });
+}
+
+/// Exits the process after a last word on stderr (which may already be closed: a parent that
+/// died took the pipe with it, and `eprintln!` would panic instead of exiting).
+pub fn stop(why: &str) -> ! {
+    let _ = writeln!(std::io::stderr(), "{why}");
+    std::process::exit(1);
 }

@@ -145,10 +145,7 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
             match watch.recv() {
                 Ok((Message::Shutdown, _)) => std::process::exit(0),
                 Ok(_) => {}
-                Err(e) => {
-                    eprintln!("rank 0 went away ({e}); stopping");
-                    std::process::exit(1);
-                }
+                Err(e) => super::launch::stop(&format!("rank 0 went away ({e}); stopping")),
             }
         })
         .map_err(|e| Error::Transport(format!("cannot start the control thread: {e}")))?;
