@@ -269,7 +269,11 @@ pub fn matmul_multi_with(
 
     let quantized = ws.iter().any(QMatrix::is_quantized);
     let avx512 = cfg!(target_arch = "x86_64") && level == SimdLevel::Avx512;
-    let use_packed = avx512 && m >= PACKED_MIN_M;
+    // Batch invariance: every (weight row, token) product must be computed the same way
+    // whatever else is in the batch, or a request's greedy output would depend on its
+    // neighbours. The quad kernel serves every batch size (and is as fast at prefill here); the
+    // packed kernel rounds differently, so it stays off until it matches bit for bit.
+    let use_packed = avx512 && m >= PACKED_MIN_M && PACKED_ENABLED;
     let use_quad = avx512 && !use_packed;
     let layout = match (use_packed, use_quad) {
         (true, _) => ActLayout::Packed,
@@ -354,6 +358,8 @@ pub fn matmul_multi_with(
 const TILE_R: usize = 4;
 /// Smallest batch that uses the packed layout (below it, repacking weights costs too much).
 const PACKED_MIN_M: usize = 16;
+/// Whether the packed prefill kernel may be used (see the batch-invariance note in `matmul_multi_with`).
+const PACKED_ENABLED: bool = false;
 /// Weight rows per task on the packed path (repacked into a per-thread buffer).
 pub(crate) const PACKED_ROWS: usize = 16;
 
