@@ -12,7 +12,9 @@ use sluice_engine::model::chat::ChatTemplate;
 use sluice_engine::model::gguf::GgufFile;
 use sluice_engine::model::tokenizer::Tokenizer;
 use sluice_engine::model::{default_model_path, file_sha256, Llama, LlamaConfig};
-use sluice_engine::pipeline::launch::{exit_with_parent, spawn_ranks, ChildRanks, LISTENING, SECRET_ENV};
+use sluice_engine::pipeline::launch::{
+    exit_with_parent, spawn_ranks, ChildRanks, LISTENING, SECRET_ENV,
+};
 use sluice_engine::pipeline::remote::{Peers, RemoteDriver};
 use sluice_engine::pipeline::worker::{run_rank, RankOptions};
 use sluice_engine::pipeline::{LayerSplit, LocalDriver, Stage};
@@ -53,7 +55,8 @@ impl RankArgs {
     }
 
     fn kv(&self) -> KvBudget {
-        self.kv_tokens.map_or(KvBudget::MemFraction(self.mem_fraction), KvBudget::Tokens)
+        self.kv_tokens
+            .map_or(KvBudget::MemFraction(self.mem_fraction), KvBudget::Tokens)
     }
 
     /// The arguments a child rank gets to match this one.
@@ -122,7 +125,9 @@ pub struct RankCmdArgs {
 fn secret() -> String {
     std::env::var(SECRET_ENV).unwrap_or_else(|_| {
         let mut rng = sluice_engine::generate::Rng::new(
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
                 ^ u64::from(std::process::id()) << 32,
         );
         format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64())
@@ -168,14 +173,23 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         None => LayerSplit::even(cfg.n_layers, r.ranks)?,
     };
     if split.n_ranks() != r.ranks {
-        bail!("--layers names {} ranks, --ranks is {}", split.n_ranks(), r.ranks);
+        bail!(
+            "--layers names {} ranks, --ranks is {}",
+            split.n_ranks(),
+            r.ranks
+        );
     }
     let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).context("building the tokenizer")?);
     let template = ChatTemplate::from_gguf(&gguf)?;
     let model_id = args.model_id.clone().unwrap_or_else(|| {
-        path.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+        path.file_stem()
+            .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
     });
-    let model = Llama::load(gguf.clone(), Arc::new(CpuBackend::new(r.threads())), split.part(0))?;
+    let model = Llama::load(
+        gguf.clone(),
+        Arc::new(CpuBackend::new(r.threads())),
+        split.part(0),
+    )?;
     let own_blocks = blocks_for(r.kv(), split.range(0).len(), cfg.kv_dim())?;
     eprintln!(
         "rank 0: blocks {:?}, {:.1} MiB of weights, {} threads",
@@ -187,15 +201,22 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let inbox = channel();
     let secret = secret();
     let mut _children: Option<ChildRanks> = None;
-    let (driver, kv_blocks): (Box<dyn sluice_engine::pipeline::Driver>, usize) = if split.n_ranks() == 1 {
+    let (driver, kv_blocks): (Box<dyn sluice_engine::pipeline::Driver>, usize) = if split.n_ranks()
+        == 1
+    {
         let stage = Stage::new(model, own_blocks)?;
         let n = stage.kv_tokens() / sluice_engine::kv::BLOCK_SIZE;
         (Box::new(LocalDriver::new(stage, inbox.0.clone())), n)
     } else {
         let addrs = if args.rank_addrs.is_empty() {
-            let exe = std::env::current_exe().context("finding this executable to start the ranks")?;
+            let exe =
+                std::env::current_exe().context("finding this executable to start the ranks")?;
             let host = args.listen.rsplit_once(':').map_or("127.0.0.1", |(h, _)| h);
-            let host = if host == "0.0.0.0" || host.is_empty() { "127.0.0.1" } else { host };
+            let host = if host == "0.0.0.0" || host.is_empty() {
+                "127.0.0.1"
+            } else {
+                host
+            };
             let children = spawn_ranks(&exe, r.ranks, host, &r.child_args(&path, &split), &secret)?;
             let a = children.addrs().to_vec();
             _children = Some(children);
@@ -203,12 +224,20 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         } else {
             args.rank_addrs.clone()
         };
-        let peers = Peers { addrs, model_sha256: file_sha256(&path)?, secret: secret.into_bytes(), dial: DialOptions::default() };
+        let peers = Peers {
+            addrs,
+            model_sha256: file_sha256(&path)?,
+            secret: secret.into_bytes(),
+            dial: DialOptions::default(),
+        };
         let d = RemoteDriver::connect(model, split.clone(), own_blocks, &peers, inbox.0.clone())?;
         let n = d.kv_tokens() / sluice_engine::kv::BLOCK_SIZE;
         (Box::new(d), n)
     };
-    eprintln!("KV token pool: {} tokens", kv_blocks * sluice_engine::kv::BLOCK_SIZE);
+    eprintln!(
+        "KV token pool: {} tokens",
+        kv_blocks * sluice_engine::kv::BLOCK_SIZE
+    );
 
     let sched_cfg = SchedulerConfig {
         max_running: args.max_running,
@@ -216,10 +245,22 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         max_in_flight: split.n_ranks(),
         kv_blocks,
     };
-    let engine_cfg = EngineConfig { model_id, context_window: args.context_window };
-    let handle = EngineHandle::start(engine_cfg, Scheduler::new(sched_cfg, tokenizer), driver, template, inbox)?;
+    let engine_cfg = EngineConfig {
+        model_id,
+        context_window: args.context_window,
+    };
+    let handle = EngineHandle::start(
+        engine_cfg,
+        Scheduler::new(sched_cfg, tokenizer),
+        driver,
+        template,
+        inbox,
+    )?;
 
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await

@@ -58,7 +58,17 @@ pub fn attend_rows(
     scale: f32,
     out: &mut [f32],
 ) {
-    attend_rows_with(super::simd_level(), kv, q, q_stride, hd, heads, n_ctx0, scale, out);
+    attend_rows_with(
+        super::simd_level(),
+        kv,
+        q,
+        q_stride,
+        hd,
+        heads,
+        n_ctx0,
+        scale,
+        out,
+    );
 }
 
 /// [`attend_rows`] at a chosen instruction set (lowered to what the CPU supports).
@@ -80,9 +90,15 @@ pub fn attend_rows_with(
     if n_rows == 0 {
         return;
     }
-    assert!(q.len() >= (n_rows - 1) * q_stride + width, "attend_rows: q too short");
+    assert!(
+        q.len() >= (n_rows - 1) * q_stride + width,
+        "attend_rows: q too short"
+    );
     let (bs, st) = (kv.block_size, kv.stride);
-    assert!(bs > 0 && kv.off + hd <= st, "attend_rows: head outside the slot");
+    assert!(
+        bs > 0 && kv.off + hd <= st,
+        "attend_rows: head outside the slot"
+    );
     let n_max = n_ctx0 + n_rows - 1;
     let limit = kv.k.len().min(kv.v.len());
     assert!(
@@ -163,14 +179,38 @@ mod x86 {
 
     /// `2^(i / 32)` as f64 bits, less `i << 47` (added back with the exponent).
     const EXP_TABLE: [u64; 32] = [
-        0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
-        0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
-        0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
-        0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585,
-        0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
-        0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
-        0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
-        0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+        0x3ff0000000000000,
+        0x3fefd9b0d3158574,
+        0x3fefb5586cf9890f,
+        0x3fef9301d0125b51,
+        0x3fef72b83c7d517b,
+        0x3fef54873168b9aa,
+        0x3fef387a6e756238,
+        0x3fef1e9df51fdee1,
+        0x3fef06fe0a31b715,
+        0x3feef1a7373aa9cb,
+        0x3feedea64c123422,
+        0x3feece086061892d,
+        0x3feebfdad5362a27,
+        0x3feeb42b569d4f82,
+        0x3feeab07dd485429,
+        0x3feea47eb03a5585,
+        0x3feea09e667f3bcd,
+        0x3fee9f75e8ec5f74,
+        0x3feea11473eb0187,
+        0x3feea589994cce13,
+        0x3feeace5422aa0db,
+        0x3feeb737b0cdc5e5,
+        0x3feec49182a3f090,
+        0x3feed503b23e255d,
+        0x3feee89f995ad3ad,
+        0x3feeff76f2fb5e47,
+        0x3fef199bdd85529c,
+        0x3fef3720dcef9069,
+        0x3fef5818dcfba487,
+        0x3fef7c97337b9b5f,
+        0x3fefa4afa2a490da,
+        0x3fefd0765b6e4540,
     ];
 
     /// `exp(x)` of eight floats `x <= 0` (or NaN), computed as glibc's `expf` does (the
@@ -240,9 +280,11 @@ mod x86 {
                     }
                 };
             }
-            go!((1, 1) (1, 2) (1, 3) (1, 4) (2, 1) (2, 2) (2, 3) (2, 4)
-                (3, 1) (3, 2) (3, 3) (3, 4) (4, 1) (4, 2) (4, 3) (4, 4)
-                (5, 1) (5, 2) (6, 1) (6, 2) (7, 1) (7, 2) (8, 1) (8, 2));
+            go!(
+                (1, 1)(1, 2)(1, 3)(1, 4)(2, 1)(2, 2)(2, 3)(2, 4)(3, 1)(3, 2)(3, 3)(3, 4)(4, 1)(
+                    4, 2
+                )(4, 3)(4, 4)(5, 1)(5, 2)(6, 1)(6, 2)(7, 1)(7, 2)(8, 1)(8, 2)
+            );
             g0 += h;
         }
     }
@@ -302,7 +344,10 @@ mod x86 {
             for p in 0..n {
                 let at = kv.at(p);
                 // SAFETY: `p < n <= a.pad`.
-                let w: [__m512; H] = std::array::from_fn(|g| _mm512_set1_ps(unsafe { *sp[g].add(p) }));
+                let w: [__m512; H] =
+                    std::array::from_fn(|g| _mm512_set1_ps(unsafe { *sp[g].add(p) }));
+                // `j` picks the lane mask, the value vector and the accumulator column alike.
+                #[allow(clippy::needless_range_loop)]
                 for j in 0..NV {
                     // SAFETY: `at + hd` lies inside the value cache (caller's promise).
                     let v = unsafe { _mm512_maskz_loadu_ps(mask(j), vp.add(at + 16 * j)) };
@@ -366,7 +411,12 @@ mod x86 {
         let max = _mm256_set1_ps(max);
         for p0 in (0..n).step_by(8) {
             // SAFETY: as above.
-            unsafe { _mm256_storeu_ps(s.add(p0), exp(_mm256_sub_ps(_mm256_loadu_ps(s.add(p0)), max))) };
+            unsafe {
+                _mm256_storeu_ps(
+                    s.add(p0),
+                    exp(_mm256_sub_ps(_mm256_loadu_ps(s.add(p0)), max)),
+                )
+            };
         }
     }
 }
