@@ -28,12 +28,19 @@ impl TraceContext {
         if parts[3].len() != 2 || trace_id == [0; 16] || parent_id == [0; 8] {
             return None;
         }
-        Some(Self { trace_id, parent_id, flags })
+        Some(Self {
+            trace_id,
+            parent_id,
+            flags,
+        })
     }
 
     /// The same trace with `span_id` as the parent (what goes to the next hop).
     pub fn child(&self, span_id: [u8; 8]) -> Self {
-        Self { parent_id: span_id, ..*self }
+        Self {
+            parent_id: span_id,
+            ..*self
+        }
     }
 
     pub fn trace_id_hex(&self) -> String {
@@ -47,7 +54,13 @@ impl TraceContext {
 
 impl fmt::Display for TraceContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "00-{}-{}-{:02x}", to_hex(&self.trace_id), to_hex(&self.parent_id), self.flags)
+        write!(
+            f,
+            "00-{}-{}-{:02x}",
+            to_hex(&self.trace_id),
+            to_hex(&self.parent_id),
+            self.flags
+        )
     }
 }
 
@@ -101,7 +114,11 @@ pub fn new_id<const N: usize>() -> [u8; N] {
     for chunk in out.chunks_mut(8) {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-        h.write_u128(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        h.write_u128(
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
         let v = h.finish().to_le_bytes();
         chunk.copy_from_slice(&v[..chunk.len()]);
     }
@@ -112,10 +129,17 @@ pub fn new_id<const N: usize>() -> [u8; N] {
 }
 
 fn hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+    if !s.len().is_multiple_of(2)
+        || !s
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
         return None;
     }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
 }
 
 pub fn to_hex(b: &[u8]) -> String {
@@ -134,7 +158,10 @@ mod tests {
         assert_eq!(t.flags, 1);
         assert_eq!(t.to_string(), h);
         let c = t.child([1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(c.to_string(), "00-4bf92f3577b34da6a3ce929d0e0e4736-0102030405060708-01");
+        assert_eq!(
+            c.to_string(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0102030405060708-01"
+        );
     }
 
     #[test]

@@ -14,18 +14,28 @@ pub enum KvBudget {
 
 /// Bytes of one KV block for `n_layers` layers of width `kv_dim`.
 pub fn block_bytes(n_layers: usize, kv_dim: usize) -> usize {
-    KvSpec { n_layers, n_blocks: 1, kv_dim }.bytes()
+    KvSpec {
+        n_layers,
+        n_blocks: 1,
+        kv_dim,
+    }
+    .bytes()
 }
 
 /// Memory the kernel says is available (`MemAvailable` in /proc/meminfo), in bytes.
 pub fn mem_available() -> Result<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo")
-        .map_err(|e| Error::InvalidRequest(format!("cannot read /proc/meminfo to size the KV pool: {e}")))?;
+    let text = std::fs::read_to_string("/proc/meminfo").map_err(|e| {
+        Error::InvalidRequest(format!(
+            "cannot read /proc/meminfo to size the KV pool: {e}"
+        ))
+    })?;
     text.lines()
         .find_map(|l| l.strip_prefix("MemAvailable:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
-        .ok_or_else(|| Error::InvalidRequest("no MemAvailable in /proc/meminfo; use --kv-tokens".into()))
+        .ok_or_else(|| {
+            Error::InvalidRequest("no MemAvailable in /proc/meminfo; use --kv-tokens".into())
+        })
 }
 
 /// KV blocks for a rank holding `n_layers` layers.
@@ -34,13 +44,17 @@ pub fn blocks_for(budget: KvBudget, n_layers: usize, kv_dim: usize) -> Result<us
         KvBudget::Tokens(t) => t.div_ceil(BLOCK_SIZE),
         KvBudget::MemFraction(f) => {
             if !(f > 0.0 && f <= 1.0) {
-                return Err(Error::InvalidRequest(format!("--mem-fraction {f} is not in (0, 1]")));
+                return Err(Error::InvalidRequest(format!(
+                    "--mem-fraction {f} is not in (0, 1]"
+                )));
             }
             (mem_available()? as f64 * f) as usize / block_bytes(n_layers.max(1), kv_dim)
         }
     };
     if blocks == 0 {
-        return Err(Error::InvalidRequest("the KV pool would hold no blocks".into()));
+        return Err(Error::InvalidRequest(
+            "the KV pool would hold no blocks".into(),
+        ));
     }
     Ok(blocks)
 }

@@ -36,7 +36,10 @@ pub fn default_model_path() -> std::path::PathBuf {
 /// Hex sha256 of a model file: ranks compare it in their handshake.
 pub fn file_sha256(path: &std::path::Path) -> crate::Result<String> {
     use sha2::Digest;
-    let io = |source| crate::Error::Io { path: path.to_owned(), source };
+    let io = |source| crate::Error::Io {
+        path: path.to_owned(),
+        source,
+    };
     let mut f = std::fs::File::open(path).map_err(io)?;
     let mut h = sha2::Sha256::new();
     std::io::copy(&mut f, &mut h).map_err(io)?;

@@ -37,12 +37,29 @@ impl Drop for ChildRanks {
 
 /// Starts ranks `1..n_ranks` with `exe rank --rank K --ranks R <args>`, each on `host:0`, and
 /// waits until each one listens. A rank that exits first is reported with its own error text.
-pub fn spawn_ranks(exe: &std::path::Path, n_ranks: usize, host: &str, args: &[String], secret: &str) -> Result<ChildRanks> {
-    let mut ranks = ChildRanks { children: Vec::new(), addrs: Vec::new() };
+pub fn spawn_ranks(
+    exe: &std::path::Path,
+    n_ranks: usize,
+    host: &str,
+    args: &[String],
+    secret: &str,
+) -> Result<ChildRanks> {
+    let mut ranks = ChildRanks {
+        children: Vec::new(),
+        addrs: Vec::new(),
+    };
     for k in 1..n_ranks {
         let mut child = Command::new(exe)
             .arg("rank")
-            .args(["--rank", &k.to_string(), "--ranks", &n_ranks.to_string(), "--listen", &format!("{host}:0"), "--exit-with-parent"])
+            .args([
+                "--rank",
+                &k.to_string(),
+                "--ranks",
+                &n_ranks.to_string(),
+                "--listen",
+                &format!("{host}:0"),
+                "--exit-with-parent",
+            ])
             .args(args)
             .env(SECRET_ENV, secret)
             .stdin(Stdio::null())
@@ -54,7 +71,10 @@ pub fn spawn_ranks(exe: &std::path::Path, n_ranks: usize, host: &str, args: &[St
         if let Some(err) = child.stderr.take() {
             let tail = stderr_tail.clone();
             std::thread::spawn(move || {
-                for line in BufReader::new(err).lines().map_while(std::result::Result::ok) {
+                for line in BufReader::new(err)
+                    .lines()
+                    .map_while(std::result::Result::ok)
+                {
                     // Never eprintln!: it panics when our own stderr is gone.
                     let _ = writeln!(std::io::stderr(), "[rank {k}] {line}");
                     let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
@@ -65,9 +85,15 @@ pub fn spawn_ranks(exe: &std::path::Path, n_ranks: usize, host: &str, args: &[St
                 }
             });
         }
-        let stdout = child.stdout.take().ok_or_else(|| Error::Transport("no stdout from rank".into()))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| Error::Transport("no stdout from rank".into()))?;
         let mut lines = BufReader::new(stdout).lines();
-        let addr = lines.find_map(|l| l.ok().and_then(|l| l.strip_prefix(LISTENING).map(|a| a.trim().to_owned())));
+        let addr = lines.find_map(|l| {
+            l.ok()
+                .and_then(|l| l.strip_prefix(LISTENING).map(|a| a.trim().to_owned()))
+        });
         // Keep draining the child's stdout so it never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         match addr {
@@ -78,8 +104,13 @@ pub fn spawn_ranks(exe: &std::path::Path, n_ranks: usize, host: &str, args: &[St
             None => {
                 let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
                 std::thread::sleep(std::time::Duration::from_millis(100)); // let stderr drain
-                let tail = stderr_tail.lock().unwrap_or_else(|e| e.into_inner()).join("\n");
-                return Err(Error::Transport(format!("rank {k} could not start ({status}): {tail}")));
+                let tail = stderr_tail
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .join("\n");
+                return Err(Error::Transport(format!(
+                    "rank {k} could not start ({status}): {tail}"
+                )));
             }
         }
     }

@@ -53,7 +53,9 @@ pub struct LocalDriver<B: Backend> {
 
 impl<B: Backend> std::fmt::Debug for LocalDriver<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LocalDriver").field("stage", &self.stage).finish()
+        f.debug_struct("LocalDriver")
+            .field("stage", &self.stage)
+            .finish()
     }
 }
 
@@ -68,7 +70,10 @@ impl<B: Backend> Driver for LocalDriver<B> {
         let seqs = &batch.forward.seqs;
         self.stage.run_tokens(seqs, &batch.ids)?;
         let tokens = self.stage.sample(seqs)?;
-        let _ = self.inbox.send(Input::Sampled(Sampled { batch: batch.forward.batch, tokens }));
+        let _ = self.inbox.send(Input::Sampled(Sampled {
+            batch: batch.forward.batch,
+            tokens,
+        }));
         Ok(())
     }
 
@@ -83,7 +88,11 @@ impl<B: Backend> Driver for LocalDriver<B> {
 }
 
 /// Rank `rank`'s health as this process sees its own stage.
-pub fn local_health<B: Backend>(stage: &Stage<B>, rank: usize, kv_tokens_used: usize) -> RankHealth {
+pub fn local_health<B: Backend>(
+    stage: &Stage<B>,
+    rank: usize,
+    kv_tokens_used: usize,
+) -> RankHealth {
     let part = stage.model().part();
     RankHealth {
         rank,

@@ -13,7 +13,9 @@ use crate::kv::BLOCK_SIZE;
 use crate::model::Llama;
 use crate::scheduler::{Input, MicroBatch};
 use crate::transport::message::{Message, NextRank, Setup};
-use crate::transport::{dial, f32_to_le_bytes, DialOptions, HelloFields, LinkRole, TcpTransport, Transport};
+use crate::transport::{
+    dial, f32_to_le_bytes, DialOptions, HelloFields, LinkRole, TcpTransport, Transport,
+};
 
 /// Where the other ranks are and how to prove we belong with them.
 #[derive(Clone, Debug)]
@@ -42,7 +44,9 @@ pub struct RemoteDriver<B: Backend> {
 
 impl<B: Backend> std::fmt::Debug for RemoteDriver<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemoteDriver").field("split", &self.split).finish()
+        f.debug_struct("RemoteDriver")
+            .field("split", &self.split)
+            .finish()
     }
 }
 
@@ -50,10 +54,20 @@ impl<B: Backend> RemoteDriver<B> {
     /// Connects to ranks 1..R, agrees on the KV pool (the smallest capacity, rank 0's
     /// `own_kv_blocks` included), has each rank link to the next, and starts listening for
     /// results. Returns once every rank is ready.
-    pub fn connect(model: Llama<B>, split: LayerSplit, own_kv_blocks: usize, peers: &Peers, inbox: Sender<Input>) -> Result<Self> {
+    pub fn connect(
+        model: Llama<B>,
+        split: LayerSplit,
+        own_kv_blocks: usize,
+        peers: &Peers,
+        inbox: Sender<Input>,
+    ) -> Result<Self> {
         let n = split.n_ranks();
         if peers.addrs.len() + 1 != n {
-            return Err(Error::InvalidRequest(format!("{} rank addresses for {} ranks", peers.addrs.len(), n)));
+            return Err(Error::InvalidRequest(format!(
+                "{} rank addresses for {} ranks",
+                peers.addrs.len(),
+                n
+            )));
         }
         let bounds = |k: usize| split.bounds(k).map(|b| b as u32);
         let hello = |role, k: usize| HelloFields {
@@ -67,13 +81,26 @@ impl<B: Backend> RemoteDriver<B> {
         let mut kv_blocks = own_kv_blocks as u64;
         for k in 1..n {
             let addr = &peers.addrs[k - 1];
-            let link = dial(addr, &hello(LinkRole::Control, k), &peers.secret, &peers.dial)
-                .map_err(|e| Error::Transport(format!("rank {k} at {addr}: {e}")))?;
+            let link = dial(
+                addr,
+                &hello(LinkRole::Control, k),
+                &peers.secret,
+                &peers.dial,
+            )
+            .map_err(|e| Error::Transport(format!("rank {k} at {addr}: {e}")))?;
             match link.recv()? {
                 (Message::Welcome(w), _) => kv_blocks = kv_blocks.min(w.kv_blocks_capacity),
-                (other, _) => return Err(Error::Transport(format!("rank {k} answered {other:?} instead of Welcome"))),
+                (other, _) => {
+                    return Err(Error::Transport(format!(
+                        "rank {k} answered {other:?} instead of Welcome"
+                    )))
+                }
             }
-            controls.push(ControlLink { rank: k, link, up: Arc::new(AtomicBool::new(true)) });
+            controls.push(ControlLink {
+                rank: k,
+                link,
+                up: Arc::new(AtomicBool::new(true)),
+            });
         }
         for c in &controls {
             let next = (c.rank + 1 < n).then(|| NextRank {
@@ -81,27 +108,50 @@ impl<B: Backend> RemoteDriver<B> {
                 rank: (c.rank + 1) as u32,
                 layers: bounds(c.rank + 1),
             });
-            c.link.send(&Message::Setup(Setup { kv_blocks, next }), &[])?;
+            c.link
+                .send(&Message::Setup(Setup { kv_blocks, next }), &[])?;
         }
-        let data = dial(&peers.addrs[0], &hello(LinkRole::Data, 1), &peers.secret, &peers.dial)?;
+        let data = dial(
+            &peers.addrs[0],
+            &hello(LinkRole::Data, 1),
+            &peers.secret,
+            &peers.dial,
+        )?;
         match data.recv()? {
             (Message::Ready { .. }, _) => {}
-            (other, _) => return Err(Error::Transport(format!("rank 1 answered {other:?} instead of Ready"))),
+            (other, _) => {
+                return Err(Error::Transport(format!(
+                    "rank 1 answered {other:?} instead of Ready"
+                )))
+            }
         }
         for c in &controls {
             match c.link.recv()? {
                 (Message::Ready { .. }, _) => {}
                 (Message::Fatal { reason } | Message::Refused { reason }, _) => {
-                    return Err(Error::Transport(format!("rank {} failed to start: {reason}", c.rank)))
+                    return Err(Error::Transport(format!(
+                        "rank {} failed to start: {reason}",
+                        c.rank
+                    )))
                 }
-                (other, _) => return Err(Error::Transport(format!("rank {} answered {other:?} instead of Ready", c.rank))),
+                (other, _) => {
+                    return Err(Error::Transport(format!(
+                        "rank {} answered {other:?} instead of Ready",
+                        c.rank
+                    )))
+                }
             }
         }
         for c in &controls {
             listen(c.rank, c.link.clone(), c.up.clone(), inbox.clone())?;
         }
         let stage = Stage::new(model, kv_blocks as usize)?;
-        Ok(Self { stage, split, data, controls })
+        Ok(Self {
+            stage,
+            split,
+            data,
+            controls,
+        })
     }
 
     pub fn kv_tokens(&self) -> usize {
@@ -111,7 +161,12 @@ impl<B: Backend> RemoteDriver<B> {
 
 /// Forwards what rank `rank` says on its control link to the engine thread; the link failing
 /// is the rank going down.
-fn listen(rank: usize, link: Arc<TcpTransport>, up: Arc<AtomicBool>, inbox: Sender<Input>) -> Result<()> {
+fn listen(
+    rank: usize,
+    link: Arc<TcpTransport>,
+    up: Arc<AtomicBool>,
+    inbox: Sender<Input>,
+) -> Result<()> {
     std::thread::Builder::new()
         .name(format!("rank{rank}-control"))
         .spawn(move || loop {
@@ -144,7 +199,13 @@ impl<B: Backend> Driver for RemoteDriver<B> {
 
     fn release(&mut self, seqs: Vec<u64>, kv_blocks_used: u64) -> Result<()> {
         self.stage.release(&seqs);
-        self.data.send(&Message::Release { seqs, kv_blocks_used }, &[])
+        self.data.send(
+            &Message::Release {
+                seqs,
+                kv_blocks_used,
+            },
+            &[],
+        )
     }
 
     fn ranks(&self, kv_tokens_used: usize) -> Vec<RankHealth> {

@@ -21,7 +21,9 @@ pub struct Stage<B: Backend> {
 
 impl<B: Backend> std::fmt::Debug for Stage<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stage").field("part", self.model.part()).finish()
+        f.debug_struct("Stage")
+            .field("part", self.model.part())
+            .finish()
     }
 }
 
@@ -30,7 +32,12 @@ pub fn seq_rows(seqs: &[SeqChunk]) -> Vec<SeqRows<'_>> {
     let mut start = 0;
     seqs.iter()
         .map(|s| {
-            let r = SeqRows { start, len: s.len as usize, pos: s.pos as usize, blocks: &s.blocks };
+            let r = SeqRows {
+                start,
+                len: s.len as usize,
+                pos: s.pos as usize,
+                blocks: &s.blocks,
+            };
             start += s.len as usize;
             r
         })
@@ -41,7 +48,13 @@ impl<B: Backend> Stage<B> {
     pub fn new(model: Llama<B>, kv_blocks: usize) -> Result<Self> {
         let state = model.new_state(kv_blocks)?;
         let hidden = model.alloc_hidden(1);
-        Ok(Self { model, state, hidden, hidden_rows: 1, samplers: HashMap::new() })
+        Ok(Self {
+            model,
+            state,
+            hidden,
+            hidden_rows: 1,
+            samplers: HashMap::new(),
+        })
     }
 
     pub fn model(&self) -> &Llama<B> {
@@ -70,12 +83,19 @@ impl<B: Backend> Stage<B> {
         let n_blocks = self.state.kv_spec().n_blocks as u32;
         let total: usize = seqs.iter().map(|s| s.len as usize).sum();
         if total != rows {
-            return Err(Error::InvalidRequest(format!("micro-batch has {rows} rows, its sequences {total}")));
+            return Err(Error::InvalidRequest(format!(
+                "micro-batch has {rows} rows, its sequences {total}"
+            )));
         }
         for s in seqs {
             let need = (s.pos + s.len) as usize;
-            if s.blocks.len() * crate::kv::BLOCK_SIZE < need || s.blocks.iter().any(|&b| b >= n_blocks) {
-                return Err(Error::InvalidRequest(format!("sequence {} has a block table that does not fit", s.seq)));
+            if s.blocks.len() * crate::kv::BLOCK_SIZE < need
+                || s.blocks.iter().any(|&b| b >= n_blocks)
+            {
+                return Err(Error::InvalidRequest(format!(
+                    "sequence {} has a block table that does not fit",
+                    s.seq
+                )));
             }
         }
         Ok(())
@@ -86,7 +106,12 @@ impl<B: Backend> Stage<B> {
         self.check(seqs, ids.len())?;
         self.ensure_rows(ids.len());
         self.model.embed(ids, &mut self.hidden)?;
-        self.model.forward_blocks(&mut self.state, &seq_rows(seqs), &mut self.hidden, ids.len());
+        self.model.forward_blocks(
+            &mut self.state,
+            &seq_rows(seqs),
+            &mut self.hidden,
+            ids.len(),
+        );
         Ok(())
     }
 
@@ -95,18 +120,24 @@ impl<B: Backend> Stage<B> {
         let d = self.model.config().d_model;
         let rows = hidden.len() / d;
         if rows * d != hidden.len() {
-            return Err(Error::InvalidRequest(format!("activations of {} values are not rows of {d}", hidden.len())));
+            return Err(Error::InvalidRequest(format!(
+                "activations of {} values are not rows of {d}",
+                hidden.len()
+            )));
         }
         self.check(seqs, rows)?;
         self.ensure_rows(rows);
         self.model.backend().upload(hidden, &mut self.hidden);
-        self.model.forward_blocks(&mut self.state, &seq_rows(seqs), &mut self.hidden, rows);
+        self.model
+            .forward_blocks(&mut self.state, &seq_rows(seqs), &mut self.hidden, rows);
         Ok(())
     }
 
     /// The activations after this stage, `rows × d_model`, to send on.
     pub fn hidden(&self, rows: usize) -> Vec<f32> {
-        self.model.backend().download(&self.hidden, rows * self.model.config().d_model)
+        self.model
+            .backend()
+            .download(&self.hidden, rows * self.model.config().d_model)
     }
 
     /// The last rank: samples the last row of each sequence that asks for it.
@@ -125,7 +156,11 @@ impl<B: Backend> Stage<B> {
         let logits = self.model.logits(&self.hidden, &emit)?;
         let vocab = self.model.config().vocab_size;
         let mut out = Vec::with_capacity(emit.len());
-        for (s, l) in seqs.iter().filter_map(|s| s.sample.as_ref().map(|p| (s.seq, p))).zip(logits.chunks_exact(vocab)) {
+        for (s, l) in seqs
+            .iter()
+            .filter_map(|s| s.sample.as_ref().map(|p| (s.seq, p)))
+            .zip(logits.chunks_exact(vocab))
+        {
             let (seq, spec) = s;
             let mut l = l.to_vec();
             for &id in &spec.suppress {
@@ -133,7 +168,10 @@ impl<B: Backend> Stage<B> {
                     *v = f32::NEG_INFINITY;
                 }
             }
-            let sampler = self.samplers.entry(seq).or_insert_with(|| Sampler::new(params(spec)));
+            let sampler = self
+                .samplers
+                .entry(seq)
+                .or_insert_with(|| Sampler::new(params(spec)));
             out.push((seq, sampler.sample(&l)));
         }
         Ok(out)
@@ -148,5 +186,10 @@ impl<B: Backend> Stage<B> {
 }
 
 fn params(spec: &SampleSpec) -> SamplingParams {
-    SamplingParams { temperature: spec.temperature, top_k: spec.top_k as usize, top_p: spec.top_p, seed: Some(spec.seed) }
+    SamplingParams {
+        temperature: spec.temperature,
+        top_k: spec.top_k as usize,
+        top_p: spec.top_p,
+        seed: Some(spec.seed),
+    }
 }

@@ -14,8 +14,8 @@ use crate::model::{file_sha256, Llama, LlamaConfig};
 use crate::pipeline::{LayerSplit, Stage};
 use crate::transport::message::{Message, RankStatus, Sampled, Welcome};
 use crate::transport::{
-    dial, f32_to_le_bytes, le_bytes_to_f32, DialOptions, Expected, HelloFields, LinkConfig, LinkRole, RankListener,
-    TcpTransport, Transport,
+    dial, f32_to_le_bytes, le_bytes_to_f32, DialOptions, Expected, HelloFields, LinkConfig,
+    LinkRole, RankListener, TcpTransport, Transport,
 };
 
 /// How to start one rank.
@@ -37,7 +37,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Accepts connections until one with `role` passes the handshake.
-fn accept_role(listener: &RankListener, expect: &Expected, role: LinkRole) -> Result<Arc<TcpTransport>> {
+fn accept_role(
+    listener: &RankListener,
+    expect: &Expected,
+    role: LinkRole,
+) -> Result<Arc<TcpTransport>> {
     loop {
         match listener.accept(expect) {
             Ok((link, hello)) if hello.role == role => return Ok(link),
@@ -55,7 +59,10 @@ fn accept_role(listener: &RankListener, expect: &Expected, role: LinkRole) -> Re
 /// bound address before any link is accepted (the launcher reads it from stdout).
 pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Result<()> {
     if opts.rank == 0 || opts.rank >= opts.n_ranks {
-        return Err(Error::InvalidRequest(format!("rank {} of {} is not a worker rank", opts.rank, opts.n_ranks)));
+        return Err(Error::InvalidRequest(format!(
+            "rank {} of {} is not a worker rank",
+            opts.rank, opts.n_ranks
+        )));
     }
     let gguf = Arc::new(GgufFile::open(&opts.model)?);
     let cfg = LlamaConfig::from_gguf(&gguf)?;
@@ -64,10 +71,18 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
         None => LayerSplit::even(cfg.n_layers, opts.n_ranks)?,
     };
     if split.n_ranks() != opts.n_ranks {
-        return Err(Error::InvalidRequest(format!("--layers names {} ranks, --ranks is {}", split.n_ranks(), opts.n_ranks)));
+        return Err(Error::InvalidRequest(format!(
+            "--layers names {} ranks, --ranks is {}",
+            split.n_ranks(),
+            opts.n_ranks
+        )));
     }
     let sha = file_sha256(&opts.model)?;
-    let model = Llama::load(gguf, Arc::new(CpuBackend::new(opts.threads)), split.part(opts.rank))?;
+    let model = Llama::load(
+        gguf,
+        Arc::new(CpuBackend::new(opts.threads)),
+        split.part(opts.rank),
+    )?;
     let capacity = blocks_for(opts.kv, split.range(opts.rank).len(), cfg.kv_dim())?;
     let bounds = split.bounds(opts.rank).map(|b| b as u32);
     let status = Arc::new(Mutex::new(RankStatus {
@@ -102,11 +117,23 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
     )?;
     let setup = match control.recv()? {
         (Message::Setup(s), _) => s,
-        (other, _) => return Err(Error::Transport(format!("expected Setup from rank 0, got {other:?}"))),
+        (other, _) => {
+            return Err(Error::Transport(format!(
+                "expected Setup from rank 0, got {other:?}"
+            )))
+        }
     };
     if setup.kv_blocks as usize > capacity {
-        let reason = format!("rank {} can hold {capacity} KV blocks, rank 0 asked for {}", opts.rank, setup.kv_blocks);
-        let _ = control.send(&Message::Fatal { reason: reason.clone() }, &[]);
+        let reason = format!(
+            "rank {} can hold {capacity} KV blocks, rank 0 asked for {}",
+            opts.rank, setup.kv_blocks
+        );
+        let _ = control.send(
+            &Message::Fatal {
+                reason: reason.clone(),
+            },
+            &[],
+        );
         return Err(Error::InvalidRequest(reason));
     }
     let mut stage = Stage::new(model, setup.kv_blocks as usize)?;
@@ -115,7 +142,11 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
         st.kv_blocks_total = setup.kv_blocks;
         st.kv_bytes = stage.kv_bytes();
     }
-    tracing::info!(rank = opts.rank, "KV token pool: {} tokens", stage.kv_tokens());
+    tracing::info!(
+        rank = opts.rank,
+        "KV token pool: {} tokens",
+        stage.kv_tokens()
+    );
 
     let next = match &setup.next {
         Some(n) => {
@@ -126,16 +157,34 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
                 layers: n.layers,
                 n_ranks: opts.n_ranks as u32,
             };
-            let link = dial(&n.addr, &hello, &opts.secret, &DialOptions { link: link_cfg, ..DialOptions::default() })?;
+            let link = dial(
+                &n.addr,
+                &hello,
+                &opts.secret,
+                &DialOptions {
+                    link: link_cfg,
+                    ..DialOptions::default()
+                },
+            )?;
             match link.recv()? {
                 (Message::Ready { .. }, _) => Some(link),
-                (other, _) => return Err(Error::Transport(format!("expected Ready from rank {}, got {other:?}", n.rank))),
+                (other, _) => {
+                    return Err(Error::Transport(format!(
+                        "expected Ready from rank {}, got {other:?}",
+                        n.rank
+                    )))
+                }
             }
         }
         None => None,
     };
     let upstream = accept_role(&listener, &expect, LinkRole::Data)?;
-    control.send(&Message::Ready { rank: opts.rank as u32 }, &[])?;
+    control.send(
+        &Message::Ready {
+            rank: opts.rank as u32,
+        },
+        &[],
+    )?;
 
     // Rank 0 going away (or telling us to stop) ends this rank.
     let watch = control.clone();
@@ -156,7 +205,12 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
             Message::Forward(f) => {
                 let run = le_bytes_to_f32(&body).and_then(|h| stage.run_hidden(&f.seqs, &h));
                 if let Err(e) = run {
-                    let _ = control.send(&Message::Fatal { reason: e.to_string() }, &[]);
+                    let _ = control.send(
+                        &Message::Fatal {
+                            reason: e.to_string(),
+                        },
+                        &[],
+                    );
                     return Err(e);
                 }
                 lock(&status).kv_blocks_used = f.kv_blocks_used;
@@ -167,15 +221,30 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
                     }
                     None => {
                         let tokens = stage.sample(&f.seqs)?;
-                        control.send(&Message::Sampled(Sampled { batch: f.batch, tokens }), &[])?;
+                        control.send(
+                            &Message::Sampled(Sampled {
+                                batch: f.batch,
+                                tokens,
+                            }),
+                            &[],
+                        )?;
                     }
                 }
             }
-            Message::Release { seqs, kv_blocks_used } => {
+            Message::Release {
+                seqs,
+                kv_blocks_used,
+            } => {
                 stage.release(&seqs);
                 lock(&status).kv_blocks_used = kv_blocks_used;
                 if let Some(n) = &next {
-                    n.send(&Message::Release { seqs, kv_blocks_used }, &[])?;
+                    n.send(
+                        &Message::Release {
+                            seqs,
+                            kv_blocks_used,
+                        },
+                        &[],
+                    )?;
                 }
             }
             Message::Shutdown => {

@@ -9,7 +9,9 @@ use std::time::Duration;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::{Scheduler, Sequence};
-use crate::api::{Engine, EngineError, GenerationEvent, GenerationRequest, Health, MetricsSnapshot, RankHealth};
+use crate::api::{
+    Engine, EngineError, GenerationEvent, GenerationRequest, Health, MetricsSnapshot, RankHealth,
+};
 use crate::generate::Rng;
 use crate::model::chat::ChatTemplate;
 use crate::model::tokenizer::Tokenizer;
@@ -22,7 +24,10 @@ pub enum Input {
     Submit(Box<Sequence>),
     Sampled(Sampled),
     /// A rank stopped answering; every request in the engine fails.
-    RankDown { rank: usize, reason: String },
+    RankDown {
+        rank: usize,
+        reason: String,
+    },
     Shutdown,
 }
 
@@ -57,7 +62,9 @@ pub struct EngineHandle {
 
 impl std::fmt::Debug for EngineHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineHandle").field("cfg", &self.cfg).finish()
+        f.debug_struct("EngineHandle")
+            .field("cfg", &self.cfg)
+            .finish()
     }
 }
 
@@ -80,7 +87,9 @@ impl EngineHandle {
             tx,
             next_id: AtomicU64::new(1),
             seeds: Mutex::new(Rng::new(
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(7, |d| d.as_nanos() as u64),
             )),
             published: published.clone(),
         });
@@ -117,7 +126,10 @@ impl Engine for EngineHandle {
         self.cfg.context_window
     }
 
-    fn submit(&self, req: GenerationRequest) -> Result<UnboundedReceiver<GenerationEvent>, EngineError> {
+    fn submit(
+        &self,
+        req: GenerationRequest,
+    ) -> Result<UnboundedReceiver<GenerationEvent>, EngineError> {
         if let Some(why) = &lock(&self.published).down {
             return Err(EngineError::Unavailable(why.clone()));
         }
@@ -143,11 +155,17 @@ impl Engine for EngineHandle {
         if need > self.kv_tokens {
             return invalid(
                 "context_length_exceeded",
-                format!("this request needs {need} tokens of KV cache; the pool holds {}", self.kv_tokens),
+                format!(
+                    "this request needs {need} tokens of KV cache; the pool holds {}",
+                    self.kv_tokens
+                ),
             );
         }
         let (tx, rx) = unbounded_channel();
-        let seed = req.sampling.seed.unwrap_or_else(|| lock(&self.seeds).next_u64());
+        let seed = req
+            .sampling
+            .seed
+            .unwrap_or_else(|| lock(&self.seeds).next_u64());
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let seq = Sequence::new(id, req, seed, self.tokenizer.clone(), tx);
         self.tx
@@ -166,19 +184,30 @@ impl Engine for EngineHandle {
         } else {
             "down"
         };
-        Health { status, ranks: p.ranks.clone() }
+        Health {
+            status,
+            ranks: p.ranks.clone(),
+        }
     }
 
     fn metrics(&self) -> MetricsSnapshot {
         let p = lock(&self.published);
-        MetricsSnapshot { ranks: p.ranks.clone(), ..p.metrics.clone() }
+        MetricsSnapshot {
+            ranks: p.ranks.clone(),
+            ..p.metrics.clone()
+        }
     }
 }
 
 /// How long the engine thread sleeps when idle before checking for disconnected clients.
 const IDLE_POLL: Duration = Duration::from_millis(20);
 
-fn engine_loop<D: Driver>(mut sched: Scheduler, mut driver: D, rx: Receiver<Input>, published: Arc<Mutex<Published>>) {
+fn engine_loop<D: Driver>(
+    mut sched: Scheduler,
+    mut driver: D,
+    rx: Receiver<Input>,
+    published: Arc<Mutex<Published>>,
+) {
     let mut down: Option<String> = None;
     loop {
         let mut busy = false;
@@ -248,7 +277,9 @@ fn handle_input(input: Input, sched: &mut Scheduler, down: &mut Option<String>) 
             *down = Some(format!("pipeline rank {rank} is down: {reason}"));
         }
         Input::Shutdown => {
-            sched.fail_all(&EngineError::Unavailable("the engine is shutting down".into()));
+            sched.fail_all(&EngineError::Unavailable(
+                "the engine is shutting down".into(),
+            ));
             return false;
         }
     }

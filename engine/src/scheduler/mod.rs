@@ -155,7 +155,9 @@ impl Scheduler {
     /// Moves waiting sequences to running while there is room and KV for their prompts.
     fn admit(&mut self) {
         while self.running.len() < self.cfg.max_running {
-            let Some(seq) = self.waiting.front() else { break };
+            let Some(seq) = self.waiting.front() else {
+                break;
+            };
             let need = seq.tokens.len().div_ceil(BLOCK_SIZE);
             if need > self.pool.n_free() && !self.running.is_empty() {
                 break; // new work waits for KV blocks
@@ -169,7 +171,9 @@ impl Scheduler {
     /// Frees the blocks of the newest running sequence newer than `keep` that is not in flight,
     /// and sends it back to the waiting queue to be recomputed.
     fn preempt_newest(&mut self, keep: usize) -> bool {
-        let victim = (keep + 1..self.running.len()).rev().find(|&i| self.running[i].in_flight == 0);
+        let victim = (keep + 1..self.running.len())
+            .rev()
+            .find(|&i| self.running[i].in_flight == 0);
         let Some(i) = victim else { return false };
         let mut seq = self.running.remove(i);
         seq.table.release(&mut self.pool);
@@ -186,7 +190,11 @@ impl Scheduler {
             return None;
         }
         self.admit();
-        let n_decoding = self.running.iter().filter(|s| s.num_scheduled >= s.n_prompt).count();
+        let n_decoding = self
+            .running
+            .iter()
+            .filter(|s| s.num_scheduled >= s.n_prompt)
+            .count();
         // Spread decoding sequences over the micro-batches in flight so every stage has work.
         let decode_cap = n_decoding.div_ceil(self.cfg.max_in_flight).max(1);
         let mut budget = self.cfg.max_batch_tokens;
@@ -239,10 +247,16 @@ impl Scheduler {
         }
         let batch = self.next_batch;
         self.next_batch += 1;
-        self.in_flight.insert(batch, seqs.iter().map(|s| s.seq).collect());
+        self.in_flight
+            .insert(batch, seqs.iter().map(|s| s.seq).collect());
         let traceparent = seqs
             .iter()
-            .find_map(|c| self.running.iter().find(|s| s.id == c.seq).and_then(|s| s.req.trace))
+            .find_map(|c| {
+                self.running
+                    .iter()
+                    .find(|s| s.id == c.seq)
+                    .and_then(|s| s.req.trace)
+            })
             .map(|t| t.to_string());
         Some(MicroBatch {
             forward: Forward {
@@ -258,14 +272,18 @@ impl Scheduler {
 
     /// Takes a finished micro-batch's tokens.
     pub fn complete(&mut self, sampled: Sampled) {
-        let Some(members) = self.in_flight.remove(&sampled.batch) else { return };
+        let Some(members) = self.in_flight.remove(&sampled.batch) else {
+            return;
+        };
         for id in members {
             if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
                 s.in_flight = s.in_flight.saturating_sub(1);
             }
         }
         for (id, token) in sampled.tokens {
-            let Some(i) = self.running.iter().position(|s| s.id == id) else { continue };
+            let Some(i) = self.running.iter().position(|s| s.id == id) else {
+                continue;
+            };
             let is_stop = self.stop_ids.contains(&token);
             self.counters.generation_tokens += 1;
             let progress = self.running[i].push_token(token, is_stop);
@@ -317,6 +335,16 @@ impl Scheduler {
 /// How the last rank samples `s`'s next token.
 fn sample_spec(s: &Sequence, stop_ids: &[u32]) -> SampleSpec {
     let p = &s.req.sampling;
-    let suppress = if s.req.ignore_eos || s.n_generated() < s.req.min_tokens { stop_ids.to_vec() } else { Vec::new() };
-    SampleSpec { temperature: p.temperature, top_k: p.top_k as u32, top_p: p.top_p, seed: s.seed, suppress }
+    let suppress = if s.req.ignore_eos || s.n_generated() < s.req.min_tokens {
+        stop_ids.to_vec()
+    } else {
+        Vec::new()
+    };
+    SampleSpec {
+        temperature: p.temperature,
+        top_k: p.top_k as u32,
+        top_p: p.top_p,
+        seed: s.seed,
+        suppress,
+    }
 }

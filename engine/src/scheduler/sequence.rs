@@ -136,7 +136,10 @@ impl Sequence {
             prefill: first.saturating_duration_since(scheduled),
             decode: now.saturating_duration_since(first),
         };
-        self.record_spans(now, &[("gen_ai.response.finish_reasons", reason.as_str().to_owned())]);
+        self.record_spans(
+            now,
+            &[("gen_ai.response.finish_reasons", reason.as_str().to_owned())],
+        );
         let _ = self.tx.send(GenerationEvent::Finished {
             text,
             reason,
@@ -167,7 +170,10 @@ impl Sequence {
             ("gen_ai.request.max_tokens", self.req.max_tokens.to_string()),
         ];
         if let Some(s) = self.scheduled_at {
-            attributes.push(("gen_ai.latency.time_in_queue", format!("{:.6}", (s - self.arrival).as_secs_f64())));
+            attributes.push((
+                "gen_ai.latency.time_in_queue",
+                format!("{:.6}", (s - self.arrival).as_secs_f64()),
+            ));
         }
         attributes.extend(extra.iter().cloned());
         let span = |name, span_id, parent_id, start, end, attributes| SpanRecord {
@@ -179,12 +185,33 @@ impl Sequence {
             end: wall(end),
             attributes,
         };
-        record(span("engine.request", request_id, parent_id, self.arrival, end, attributes));
+        record(span(
+            "engine.request",
+            request_id,
+            parent_id,
+            self.arrival,
+            end,
+            attributes,
+        ));
         if let Some(s) = self.scheduled_at {
             let first = self.first_token_at.unwrap_or(end);
-            record(span("engine.prefill", new_id(), Some(request_id), s, first, vec![]));
+            record(span(
+                "engine.prefill",
+                new_id(),
+                Some(request_id),
+                s,
+                first,
+                vec![],
+            ));
             if self.first_token_at.is_some() {
-                record(span("engine.decode", new_id(), Some(request_id), first, end, vec![]));
+                record(span(
+                    "engine.decode",
+                    new_id(),
+                    Some(request_id),
+                    first,
+                    end,
+                    vec![],
+                ));
             }
         }
     }

@@ -16,23 +16,45 @@ use crate::model::{Llama, ModelPart};
 use crate::pipeline::{LocalDriver, Stage};
 
 fn model() -> Llama<CpuBackend> {
-    Llama::load(Arc::new(tiny_gguf(5)), Arc::new(CpuBackend::new(2)), ModelPart::full(TINY.layers)).unwrap()
+    Llama::load(
+        Arc::new(tiny_gguf(5)),
+        Arc::new(CpuBackend::new(2)),
+        ModelPart::full(TINY.layers),
+    )
+    .unwrap()
 }
 
 fn engine(max_running: usize, max_batch_tokens: usize, kv_blocks: usize) -> Arc<EngineHandle> {
     let tokenizer = Arc::new(toy_tokenizer());
-    let cfg = SchedulerConfig { max_running, max_batch_tokens, max_in_flight: 1, kv_blocks };
+    let cfg = SchedulerConfig {
+        max_running,
+        max_batch_tokens,
+        max_in_flight: 1,
+        kv_blocks,
+    };
     let inbox = channel();
     let stage = Stage::new(model(), kv_blocks).unwrap();
     let driver = LocalDriver::new(stage, inbox.0.clone());
     let template = ChatTemplate::new("{{ messages[0]['content'] }}", "", "").unwrap();
-    let ecfg = EngineConfig { model_id: "tiny".into(), context_window: TINY.ctx };
-    EngineHandle::start(ecfg, Scheduler::new(cfg, tokenizer), driver, template, inbox).unwrap()
+    let ecfg = EngineConfig {
+        model_id: "tiny".into(),
+        context_window: TINY.ctx,
+    };
+    EngineHandle::start(
+        ecfg,
+        Scheduler::new(cfg, tokenizer),
+        driver,
+        template,
+        inbox,
+    )
+    .unwrap()
 }
 
 fn request(salt: u32, len: usize, max_tokens: usize) -> GenerationRequest {
     GenerationRequest {
-        prompt: (0..len as u32).map(|i| 3 + (i * 7 + salt * 13) % 260).collect(),
+        prompt: (0..len as u32)
+            .map(|i| 3 + (i * 7 + salt * 13) % 260)
+            .collect(),
         max_tokens,
         min_tokens: 0,
         ignore_eos: false,
@@ -46,7 +68,11 @@ fn request(salt: u32, len: usize, max_tokens: usize) -> GenerationRequest {
 /// end-of-turn token (the engine counts it but sends no text event for it), and why it ended.
 fn solo(req: &GenerationRequest) -> (Vec<u32>, FinishReason) {
     let tok = Arc::new(toy_tokenizer());
-    let params = GenerateParams { max_tokens: req.max_tokens, sampling: SamplingParams::default(), stop: Vec::new() };
+    let params = GenerateParams {
+        max_tokens: req.max_tokens,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+    };
     let g = generate(&model(), &tok, &req.prompt, &params, |_| {}).unwrap();
     let mut ids = g.tokens;
     if g.finish == FinishReason::Stop {
@@ -55,12 +81,18 @@ fn solo(req: &GenerationRequest) -> (Vec<u32>, FinishReason) {
     (ids, g.finish)
 }
 
-async fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<GenerationEvent>) -> (Vec<u32>, FinishReason, usize) {
+async fn collect(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<GenerationEvent>,
+) -> (Vec<u32>, FinishReason, usize) {
     let mut ids = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
             GenerationEvent::Token { id, .. } => ids.push(id),
-            GenerationEvent::Finished { reason, completion_tokens, .. } => return (ids, reason, completion_tokens),
+            GenerationEvent::Finished {
+                reason,
+                completion_tokens,
+                ..
+            } => return (ids, reason, completion_tokens),
             GenerationEvent::Failed(e) => panic!("request failed: {e}"),
         }
     }
@@ -106,18 +138,30 @@ async fn chunked_prefill_and_preemption_change_nothing() {
         assert_eq!((&ids, reason), (&want[i].0, want[i].1), "request {i}");
     }
     wait_kv_free(&e).await;
-    assert!(e.metrics().preemptions_total > 0, "the pool was small enough to force preemption");
+    assert!(
+        e.metrics().preemptions_total > 0,
+        "the pool was small enough to force preemption"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aborted_requests_free_their_blocks() {
     let e = engine(4, 64, 64);
     let mut rxs: Vec<_> = (0..4)
-        .map(|i| e.submit(GenerationRequest { ignore_eos: true, ..request(20 + i, 20, 200) }).unwrap())
+        .map(|i| {
+            e.submit(GenerationRequest {
+                ignore_eos: true,
+                ..request(20 + i, 20, 200)
+            })
+            .unwrap()
+        })
         .collect();
     // Let them start, then hang up on all of them.
     for rx in &mut rxs {
-        assert!(matches!(rx.recv().await, Some(GenerationEvent::Token { .. })));
+        assert!(matches!(
+            rx.recv().await,
+            Some(GenerationEvent::Token { .. })
+        ));
     }
     assert!(e.health().ranks[0].kv_tokens_used > 0);
     drop(rxs);
@@ -130,7 +174,16 @@ async fn stop_tokens_min_tokens_and_the_context_window() {
     let e = engine(4, 64, 64);
     // The context window is refused before any work.
     let err = e.submit(request(1, 200, 100)).unwrap_err();
-    assert!(matches!(err, EngineError::Invalid { code: "context_length_exceeded", .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            EngineError::Invalid {
+                code: "context_length_exceeded",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     // min_tokens suppresses end-of-turn tokens: with every stop id suppressed for 10 tokens the
     // request runs to at least 10.
     let mut r = request(3, 6, 10);
@@ -153,18 +206,55 @@ impl crate::trace::SpanSink for Collect {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_spans_join_the_callers_trace() {
     static SINK: std::sync::OnceLock<Arc<Collect>> = std::sync::OnceLock::new();
-    let sink = SINK.get_or_init(|| Arc::new(Collect(Default::default()))).clone();
+    let sink = SINK
+        .get_or_init(|| Arc::new(Collect(Default::default())))
+        .clone();
     // Only the first call installs it; this test is the only one that sets a sink.
     crate::trace::set_sink(sink.clone());
-    let caller = crate::trace::TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+    let caller = crate::trace::TraceContext::parse(
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    )
+    .unwrap();
     let e = engine(2, 64, 64);
-    let r = GenerationRequest { trace: Some(caller), ignore_eos: true, ..request(40, 8, 5) };
+    let r = GenerationRequest {
+        trace: Some(caller),
+        ignore_eos: true,
+        ..request(40, 8, 5)
+    };
     collect(e.submit(r).unwrap()).await;
-    let spans: Vec<_> = sink.0.lock().unwrap().iter().filter(|s| s.trace_id == caller.trace_id).cloned().collect();
-    let by = |n: &str| spans.iter().find(|s| s.name == n).unwrap_or_else(|| panic!("no {n} span in {spans:?}"));
-    let (req, pre, dec) = (by("engine.request"), by("engine.prefill"), by("engine.decode"));
-    assert_eq!(req.parent_id, Some(caller.parent_id), "engine.request is a child of the caller's span");
-    assert_eq!((pre.parent_id, dec.parent_id), (Some(req.span_id), Some(req.span_id)));
+    let spans: Vec<_> = sink
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.trace_id == caller.trace_id)
+        .cloned()
+        .collect();
+    let by = |n: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == n)
+            .unwrap_or_else(|| panic!("no {n} span in {spans:?}"))
+    };
+    let (req, pre, dec) = (
+        by("engine.request"),
+        by("engine.prefill"),
+        by("engine.decode"),
+    );
+    assert_eq!(
+        req.parent_id,
+        Some(caller.parent_id),
+        "engine.request is a child of the caller's span"
+    );
+    assert_eq!(
+        (pre.parent_id, dec.parent_id),
+        (Some(req.span_id), Some(req.span_id))
+    );
     assert!(req.start <= pre.start && pre.end <= dec.start && dec.end <= req.end);
-    assert!(req.attributes.contains(&("gen_ai.usage.output_tokens", "5".into())), "{:?}", req.attributes);
+    assert!(
+        req.attributes
+            .contains(&("gen_ai.usage.output_tokens", "5".into())),
+        "{:?}",
+        req.attributes
+    );
 }

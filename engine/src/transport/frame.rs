@@ -437,7 +437,10 @@ mod tests {
                 reason: "no".into(),
             },
             Message::Ready { rank: 3 },
-            Message::Release { seqs: vec![1, 2], kv_blocks_used: 3 },
+            Message::Release {
+                seqs: vec![1, 2],
+                kv_blocks_used: 3,
+            },
             Message::Heartbeat(Some(RankStatus {
                 rank: 1,
                 kv_blocks_total: 10,

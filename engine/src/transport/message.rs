@@ -119,21 +119,32 @@ pub struct RankStatus {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Message {
     /// Listener → dialer, first: a nonce for the proof.
-    Challenge { nonce: String },
+    Challenge {
+        nonce: String,
+    },
     Hello(Hello),
     Welcome(Welcome),
     /// Either side: the handshake failed; the text names what differs.
-    Refused { reason: String },
+    Refused {
+        reason: String,
+    },
     Setup(Setup),
     /// A rank finished set-up (its data link to the next rank is up).
-    Ready { rank: u32 },
+    Ready {
+        rank: u32,
+    },
     Forward(Forward),
     Sampled(Sampled),
     /// Forget these sequences' sampler state; `kv_blocks_used` is rank 0's count after
     /// freeing their blocks (so every rank keeps reporting the same use).
-    Release { seqs: Vec<u64>, kv_blocks_used: u64 },
+    Release {
+        seqs: Vec<u64>,
+        kv_blocks_used: u64,
+    },
     Heartbeat(Option<RankStatus>),
     /// A rank hit an error it cannot recover from.
-    Fatal { reason: String },
+    Fatal {
+        reason: String,
+    },
     Shutdown,
 }

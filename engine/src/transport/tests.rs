@@ -167,8 +167,21 @@ fn data_link_handshake_succeeds_and_carries_messages_both_ways() {
     assert_eq!(hello.role, LinkRole::Data);
     assert_eq!((hello.rank, hello.layers, hello.n_ranks), (2, [15, 29], 3));
     assert_eq!(hello.protocol, PROTOCOL_VERSION);
-    d.send(&Message::Release { seqs: vec![1, 2], kv_blocks_used: 0 }, &[]).unwrap();
-    assert_eq!(l.recv().unwrap().0, Message::Release { seqs: vec![1, 2], kv_blocks_used: 0 });
+    d.send(
+        &Message::Release {
+            seqs: vec![1, 2],
+            kv_blocks_used: 0,
+        },
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        l.recv().unwrap().0,
+        Message::Release {
+            seqs: vec![1, 2],
+            kv_blocks_used: 0
+        }
+    );
     l.send(&Message::Shutdown, &[]).unwrap();
     assert_eq!(d.recv().unwrap().0, Message::Shutdown);
     assert_eq!(d.peer_addr(), l.local_addr().unwrap().to_string());
@@ -316,7 +329,14 @@ fn messages_stay_in_order_under_concurrent_sends() {
                         }
                         d.send(&m, &body).unwrap();
                     } else {
-                        d.send(&Message::Release { seqs: vec![t, i], kv_blocks_used: 0 }, &[]).unwrap();
+                        d.send(
+                            &Message::Release {
+                                seqs: vec![t, i],
+                                kv_blocks_used: 0,
+                            },
+                            &[],
+                        )
+                        .unwrap();
                     }
                 }
             });
@@ -664,7 +684,10 @@ fn measure_rtt_and_throughput() {
                 }
             }
         });
-        let ping = Message::Release { seqs: vec![1], kv_blocks_used: 0 };
+        let ping = Message::Release {
+            seqs: vec![1],
+            kv_blocks_used: 0,
+        };
         for _ in 0..200 {
             d.send(&ping, &[]).unwrap();
             d.recv().unwrap();

@@ -42,7 +42,13 @@ pub fn start(args: &[&str]) -> Server {
 pub fn try_start(args: &[&str], env: &[(&str, &str)]) -> Result<Server, String> {
     let mut cmd = engine_cmd();
     cmd.arg("serve")
-        .args(["--model", &model_path().to_string_lossy(), "--listen", "127.0.0.1:0", "--exit-with-parent"])
+        .args([
+            "--model",
+            &model_path().to_string_lossy(),
+            "--listen",
+            "127.0.0.1:0",
+            "--exit-with-parent",
+        ])
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
@@ -65,7 +71,10 @@ pub fn try_start(args: &[&str], env: &[(&str, &str)]) -> Result<Server, String> 
                 if let Some(addr) = line.split("http://").nth(1) {
                     // Keep draining its stderr so the server never blocks on a full pipe.
                     std::thread::spawn(move || for _ in rx {});
-                    return Ok(Server { child, addr: addr.trim().to_owned() });
+                    return Ok(Server {
+                        child,
+                        addr: addr.trim().to_owned(),
+                    });
                 }
                 seen.push(line);
             }
@@ -87,7 +96,8 @@ pub fn try_start(args: &[&str], env: &[(&str, &str)]) -> Result<Server, String> 
 /// One HTTP/1.1 request with `Connection: close`; returns the status and body.
 pub fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(120))).expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(120)))
+        .expect("timeout");
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     write!(
         s,
@@ -98,8 +108,15 @@ pub fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> (u16,
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).expect("read");
     let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     (status, dechunk(&body))
 }
 
@@ -108,8 +125,12 @@ fn dechunk(body: &str) -> String {
     let mut out = String::new();
     let mut rest = body;
     loop {
-        let Some((size, after)) = rest.split_once("\r\n") else { return body.to_owned() };
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { return body.to_owned() };
+        let Some((size, after)) = rest.split_once("\r\n") else {
+            return body.to_owned();
+        };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            return body.to_owned();
+        };
         if n == 0 {
             return out;
         }
@@ -123,7 +144,10 @@ fn dechunk(body: &str) -> String {
 
 pub fn post_json(addr: &str, path: &str, body: &Value) -> (u16, Value) {
     let (status, text) = http(addr, "POST", path, Some(body));
-    (status, serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 pub fn health(addr: &str) -> Value {
@@ -146,7 +170,8 @@ pub fn complete(addr: &str, prompt: &str, max_tokens: u32) -> String {
 /// Opens a streaming request and returns the open stream after its first data line.
 pub fn open_stream(addr: &str, body: &Value) -> BufReader<TcpStream> {
     let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
     let body = body.to_string();
     write!(
         s,
@@ -192,5 +217,7 @@ pub fn children(pid: u32) -> Vec<u32> {
 
 /// The command line of process `pid`, space-separated.
 pub fn cmdline(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default().replace('\0', " ")
+    std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .replace('\0', " ")
 }

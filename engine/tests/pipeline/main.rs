@@ -33,7 +33,11 @@ fn three_ranks_give_the_same_greedy_text_as_one() {
     let one = start(&["--ranks", "1", "--threads", "2", "--kv-tokens", "4096"]);
     let three = three_ranks();
     for p in &PROMPTS[..4] {
-        assert_eq!(complete(&three.addr, p, 24), complete(&one.addr, p, 24), "prompt {p:?}");
+        assert_eq!(
+            complete(&three.addr, p, 24),
+            complete(&one.addr, p, 24),
+            "prompt {p:?}"
+        );
     }
     let h = health(&three.addr);
     assert_eq!(h["status"], "ok");
@@ -42,7 +46,10 @@ fn three_ranks_give_the_same_greedy_text_as_one() {
     let layers: Vec<&Value> = ranks.iter().map(|r| &r["layers"]).collect();
     assert_eq!(layers, [&json!([0, 9]), &json!([10, 19]), &json!([20, 29])]);
     for r in ranks {
-        assert_eq!(r["kv_tokens_total"], 4096, "every rank holds the same pool: {h}");
+        assert_eq!(
+            r["kv_tokens_total"], 4096,
+            "every rank holds the same pool: {h}"
+        );
         assert!(r["weight_bytes"].as_u64().expect("bytes") > 0);
     }
 }
@@ -53,15 +60,25 @@ fn eight_concurrent_requests_equal_the_same_requests_one_at_a_time() {
     let s = &start(&["--ranks", "3", "--threads", "1", "--kv-tokens", "4096"]);
     let alone: Vec<String> = PROMPTS.iter().map(|p| complete(&s.addr, p, 32)).collect();
     let together: Vec<String> = std::thread::scope(|scope| {
-        let hs: Vec<_> = PROMPTS.iter().map(|p| scope.spawn(|| complete(&s.addr, p, 32))).collect();
+        let hs: Vec<_> = PROMPTS
+            .iter()
+            .map(|p| scope.spawn(|| complete(&s.addr, p, 32)))
+            .collect();
         hs.into_iter().map(|h| h.join().expect("thread")).collect()
     });
     assert_eq!(together, alone);
-    eventually(5, "an empty KV pool after completions", || kv_used(&s.addr) == vec![0, 0, 0]);
+    eventually(5, "an empty KV pool after completions", || {
+        kv_used(&s.addr) == vec![0, 0, 0]
+    });
 }
 
 fn kv_used(addr: &str) -> Vec<u64> {
-    health(addr)["ranks"].as_array().expect("ranks").iter().map(|r| r["kv_tokens_used"].as_u64().expect("used")).collect()
+    health(addr)["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .map(|r| r["kv_tokens_used"].as_u64().expect("used"))
+        .collect()
 }
 
 #[test]
@@ -76,9 +93,13 @@ fn cancelled_streams_return_their_kv_blocks() {
             )
         })
         .collect();
-    eventually(5, "KV in use on every rank", || kv_used(&s.addr).iter().all(|&u| u > 0));
+    eventually(5, "KV in use on every rank", || {
+        kv_used(&s.addr).iter().all(|&u| u > 0)
+    });
     drop(streams);
-    eventually(5, "an empty KV pool after cancellations", || kv_used(&s.addr) == vec![0, 0, 0]);
+    eventually(5, "an empty KV pool after cancellations", || {
+        kv_used(&s.addr) == vec![0, 0, 0]
+    });
     let (_, metrics) = http(&s.addr, "GET", "/metrics", None);
     assert!(metrics.contains("vllm:num_requests_running"), "{metrics}");
 }
@@ -86,7 +107,11 @@ fn cancelled_streams_return_their_kv_blocks() {
 #[test]
 fn an_over_long_request_is_refused_before_any_work() {
     let s = three_ranks();
-    let (status, v) = post_json(&s.addr, "/v1/completions", &json!({"prompt": "hello", "max_tokens": 20000}));
+    let (status, v) = post_json(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": "hello", "max_tokens": 20000}),
+    );
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
 }
@@ -103,7 +128,10 @@ fn killing_the_last_rank_fails_in_flight_requests_within_two_seconds() {
         .find(|&p| cmdline(p).contains("--rank 2"))
         .expect("rank 2 is a child of serve");
     let killed = Instant::now();
-    std::process::Command::new("kill").args(["-9", &rank2.to_string()]).status().expect("kill");
+    std::process::Command::new("kill")
+        .args(["-9", &rank2.to_string()])
+        .status()
+        .expect("kill");
     // The stream must end with an explicit error, not just stop.
     let mut saw_error = false;
     let mut line = String::new();
@@ -122,7 +150,11 @@ fn killing_the_last_rank_fails_in_flight_requests_within_two_seconds() {
     let h = health(&s.addr);
     assert_ne!(h["status"], "ok", "{h}");
     assert_eq!(h["ranks"][2]["up"], false, "{h}");
-    let (status, v) = post_json(&s.addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 4}));
+    let (status, v) = post_json(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": "hi", "max_tokens": 4}),
+    );
     assert_eq!(status, 503, "{v}");
 }
 
@@ -130,7 +162,19 @@ fn killing_the_last_rank_fails_in_flight_requests_within_two_seconds() {
 fn a_rank_with_a_different_layer_split_or_secret_is_refused() {
     let secret = ("SLUICE_CLUSTER_SECRET", "s3cret");
     let mut rank = engine_cmd()
-        .args(["rank", "--rank", "1", "--ranks", "2", "--listen", "127.0.0.3:0", "--layers", "0-14,15-29", "--kv-tokens", "1024"])
+        .args([
+            "rank",
+            "--rank",
+            "1",
+            "--ranks",
+            "2",
+            "--listen",
+            "127.0.0.3:0",
+            "--layers",
+            "0-14,15-29",
+            "--kv-tokens",
+            "1024",
+        ])
         .args(["--model", &model_path().to_string_lossy()])
         .env(secret.0, secret.1)
         .stdout(std::process::Stdio::piped())
@@ -140,19 +184,59 @@ fn a_rank_with_a_different_layer_split_or_secret_is_refused() {
     let mut out = std::io::BufReader::new(rank.stdout.take().expect("stdout"));
     let mut line = String::new();
     out.read_line(&mut line).expect("LISTENING line");
-    let addr = line.trim().strip_prefix("LISTENING ").expect("address").to_owned();
+    let addr = line
+        .trim()
+        .strip_prefix("LISTENING ")
+        .expect("address")
+        .to_owned();
 
-    let err = try_start(&["--ranks", "2", "--layers", "0-9,10-29", "--rank-addrs", &addr, "--kv-tokens", "1024"], &[secret])
-        .err()
-        .expect("a mismatched split is refused");
+    let err = try_start(
+        &[
+            "--ranks",
+            "2",
+            "--layers",
+            "0-9,10-29",
+            "--rank-addrs",
+            &addr,
+            "--kv-tokens",
+            "1024",
+        ],
+        &[secret],
+    )
+    .err()
+    .expect("a mismatched split is refused");
     assert!(err.contains("blocks"), "{err}");
-    let err = try_start(&["--ranks", "2", "--layers", "0-14,15-29", "--rank-addrs", &addr, "--kv-tokens", "1024"], &[(secret.0, "wrong")])
-        .err()
-        .expect("a wrong secret is refused");
+    let err = try_start(
+        &[
+            "--ranks",
+            "2",
+            "--layers",
+            "0-14,15-29",
+            "--rank-addrs",
+            &addr,
+            "--kv-tokens",
+            "1024",
+        ],
+        &[(secret.0, "wrong")],
+    )
+    .err()
+    .expect("a wrong secret is refused");
     assert!(err.contains("secret"), "{err}");
     // The right split and secret are accepted by the same rank.
-    let ok = try_start(&["--ranks", "2", "--layers", "0-14,15-29", "--rank-addrs", &addr, "--kv-tokens", "1024"], &[secret])
-        .expect("matching rank 0 connects");
+    let ok = try_start(
+        &[
+            "--ranks",
+            "2",
+            "--layers",
+            "0-14,15-29",
+            "--rank-addrs",
+            &addr,
+            "--kv-tokens",
+            "1024",
+        ],
+        &[secret],
+    )
+    .expect("matching rank 0 connects");
     assert_eq!(health(&ok.addr)["status"], "ok");
     drop(ok);
     let _ = rank.kill();

@@ -24,10 +24,10 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::avx512::hsum8;
 use super::packed::Line;
 use super::quant::QActs;
 use super::scalar::{Q4_1_BYTES, Q8_0_BYTES, QK};
-use super::avx512::hsum8;
 use super::{OutPtr, QMatrix};
 use crate::dtype::GgmlType;
 
@@ -63,7 +63,10 @@ pub(crate) fn pack_acts(qs: &[i8], ds: &[f32], cols: usize, out: &mut [Line]) {
     let rows = qs.len() / cols;
     assert!(ds.len() >= rows * 2 * nb && out.len() >= rows * rl);
     for (i, o) in out.chunks_exact_mut(rl).take(rows).enumerate() {
-        let (q, d) = (&qs[i * cols..(i + 1) * cols], &ds[i * 2 * nb..(i + 1) * 2 * nb]);
+        let (q, d) = (
+            &qs[i * cols..(i + 1) * cols],
+            &ds[i * 2 * nb..(i + 1) * 2 * nb],
+        );
         let mut k = 0;
         for s0 in (0..nb).step_by(SUPER) {
             let mut s = [0f32; 16];
@@ -379,7 +382,10 @@ pub(crate) fn quad_block(
         let x = acts.packed[i * rl..(i + c) * rl].as_ptr();
         let nr = tile_rows(c);
         let main = rows.len() / nr * nr;
-        for (r, n, nr) in [(rows.start, main, nr), (rows.start + main, rows.len() - main, 1)] {
+        for (r, n, nr) in [
+            (rows.start, main, nr),
+            (rows.start + main, rows.len() - main, 1),
+        ] {
             if n == 0 {
                 continue;
             }

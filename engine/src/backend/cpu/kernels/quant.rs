@@ -77,7 +77,9 @@ pub(crate) fn quantize_parallel(
             match (&plan, layout) {
                 // SAFETY: packing is only requested at the AVX-512 level, which the caller
                 // clamped to the detected one.
-                (Some(plan), _) => unsafe { super::packed::pack_acts(plan, p.qs, p.ds, cols, lines) },
+                (Some(plan), _) => unsafe {
+                    super::packed::pack_acts(plan, p.qs, p.ds, cols, lines)
+                },
                 (None, ActLayout::Quad) => super::quad::pack_acts(p.qs, p.ds, cols, lines),
                 _ => {}
             }

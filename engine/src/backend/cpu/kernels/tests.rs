@@ -372,7 +372,9 @@ fn attention_rows_match_reference() {
         let blocks: Vec<u32> = (0..n_blocks as u32).rev().map(|b| 2 * b + 1).collect();
         let slots = (2 * n_blocks + 2) * bs;
         // Keys large enough for peaked softmaxes (scores of a few tens).
-        let k: Vec<f32> = (0..slots * stride).map(|_| rng.uniform(-3.0, 3.0)).collect();
+        let k: Vec<f32> = (0..slots * stride)
+            .map(|_| rng.uniform(-3.0, 3.0))
+            .collect();
         let v = random_acts(&mut rng, slots * stride);
         let q_stride = heads * hd + 3;
         let q = random_acts(&mut rng, n_rows * q_stride);
@@ -393,7 +395,11 @@ fn attention_rows_match_reference() {
             let qr = &q[r * q_stride + g * hd..][..hd];
             let s: Vec<f64> = (0..n_ctx0 + r)
                 .map(|p| {
-                    let dot: f64 = qr.iter().zip(&k[at(p)..]).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let dot: f64 = qr
+                        .iter()
+                        .zip(&k[at(p)..])
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum();
                     dot * scale as f64
                 })
                 .collect();
@@ -401,7 +407,11 @@ fn attention_rows_match_reference() {
             let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
             let z: f64 = e.iter().sum();
             for (t, wt) in w.iter_mut().enumerate() {
-                let o: f64 = e.iter().enumerate().map(|(p, x)| x / z * v[at(p) + t] as f64).sum();
+                let o: f64 = e
+                    .iter()
+                    .enumerate()
+                    .map(|(p, x)| x / z * v[at(p) + t] as f64)
+                    .sum();
                 *wt = o as f32;
             }
         }
@@ -411,8 +421,13 @@ fn attention_rows_match_reference() {
             attend_rows_with(level, &kv, &q, q_stride, hd, heads, n_ctx0, scale, &mut got);
             assert_close(&got, &want, 1e-6, &what(level));
             let mut calls = vec![f32::NAN; want.len()];
-            attention::portable_for_test(level, &kv, &q, q_stride, hd, heads, n_ctx0, scale, &mut calls);
-            let same = got.iter().zip(&calls).all(|(a, b)| a.to_bits() == b.to_bits());
+            attention::portable_for_test(
+                level, &kv, &q, q_stride, hd, heads, n_ctx0, scale, &mut calls,
+            );
+            let same = got
+                .iter()
+                .zip(&calls)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{}: not the per-position result", what(level));
         }
     }
@@ -426,8 +441,19 @@ fn attention_exp_matches_libm() {
     if simd_level() != SimdLevel::Avx512 {
         return;
     }
-    let mut xs: Vec<f32> = (0..1 << 20).map(|i| -110.0 * i as f32 / (1 << 20) as f32).collect();
-    xs.extend([0.0, -0.0, -1e-30, -87.5, -103.97, -103.98, -1e4, f32::NEG_INFINITY]);
+    let mut xs: Vec<f32> = (0..1 << 20)
+        .map(|i| -110.0 * i as f32 / (1 << 20) as f32)
+        .collect();
+    xs.extend([
+        0.0,
+        -0.0,
+        -1e-30,
+        -87.5,
+        -103.97,
+        -103.98,
+        -1e4,
+        f32::NEG_INFINITY,
+    ]);
     xs.resize(xs.len().next_multiple_of(8), -1.0);
     let (mut exact, mut worst) = (0, 0u32);
     for c in xs.chunks_exact(8) {
