@@ -2,15 +2,20 @@
 CARGO ?= cargo
 THREADS ?= 2
 
-.PHONY: run test fetch-model build lint bench
+.PHONY: run chat test fetch-model build lint bench
 fetch-model:
 	./scripts/fetch-model.sh
 
 build:
 	$(CARGO) build --release --workspace
 
-## Runs the bundled engine on the real model (the gateway in front of it lands with its own issue).
+## Runs Sluice's bundled engine on the real model: rank 0 with the OpenAI-compatible API on
+## 127.0.0.1:8000, ranks 1 and 2 as child processes (the gateway in front lands with its own issue).
 run: fetch-model build
+	./target/release/sluice-engine serve --ranks 3 --listen $${LISTEN:-127.0.0.1:8000}
+
+## A one-shot chat answer from the engine, no server.
+chat: fetch-model build
 	./target/release/sluice-engine generate --chat --threads $(THREADS) --max-tokens 128 \
 	  --prompt "$${PROMPT:-Explain in two sentences why admission control matters for an LLM server.}"
 
