@@ -111,6 +111,8 @@ impl Scheduler {
 
     /// Queues a new sequence.
     pub fn add(&mut self, seq: Sequence) {
+        // Counted once here, so a preempted request's recomputation does not count twice.
+        self.counters.prompt_tokens += seq.n_prompt as u64;
         self.waiting.push_back(seq);
     }
 
@@ -231,9 +233,6 @@ impl Scheduler {
                     blocks: s.table.blocks().to_vec(),
                     sample: sample.then(|| sample_spec(s, &self.stop_ids)),
                 });
-                if s.num_scheduled < s.n_prompt {
-                    self.counters.prompt_tokens += chunk.min(s.n_prompt - s.num_scheduled) as u64;
-                }
                 s.num_scheduled = end;
                 s.awaiting_sample = sample;
                 s.in_flight += 1;
