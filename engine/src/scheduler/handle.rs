@@ -239,15 +239,18 @@ fn engine_loop<D: Driver>(
                 down = Some(format!("the pipeline failed: {e}"));
             }
         }
-        if let Some(why) = &down {
-            sched.fail_all(&EngineError::Unavailable(why.clone()));
-        }
-        {
+        let publish = |sched: &Scheduler, driver: &D| {
             let mut p = lock(&published);
             p.metrics = sched.metrics();
             p.ranks = driver.ranks(sched.kv_tokens_used());
             p.down = down.clone();
+        };
+        if let Some(why) = &down {
+            // Health first: a client that sees its request fail must find the engine down.
+            publish(&sched, &driver);
+            sched.fail_all(&EngineError::Unavailable(why.clone()));
         }
+        publish(&sched, &driver);
         if !busy {
             match rx.recv_timeout(IDLE_POLL) {
                 Ok(input) => {
