@@ -147,9 +147,11 @@ fn killing_the_last_rank_fails_in_flight_requests_within_two_seconds() {
     let took = killed.elapsed();
     assert!(saw_error, "the stream ended without an error event");
     assert!(took < Duration::from_secs(2), "the error took {took:?}");
-    let h = health(&s.addr);
-    assert_ne!(h["status"], "ok", "{h}");
-    assert_eq!(h["ranks"][2]["up"], false, "{h}");
+    // The control link to rank 2 reports its loss on its own thread: allow it a moment.
+    eventually(2, "/health to show rank 2 down", || {
+        let h = health(&s.addr);
+        h["status"] != "ok" && h["ranks"][2]["up"] == false
+    });
     let (status, v) = post_json(
         &s.addr,
         "/v1/completions",
