@@ -247,6 +247,13 @@ mod x86 {
         _mm512_cvtpd_ps(_mm512_mask_mov_pd(y, tiny, _mm512_setzero_pd()))
     }
 
+    /// Asks for the cache line at `p` into L1.
+    #[inline(always)]
+    fn prefetch(p: *const f32) {
+        // SAFETY: a prefetch is a hint that cannot fault, whatever the address; SSE is in x86_64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) };
+    }
+
     /// Sums of the lanes of `v[0..8]`, in lanes `0..8` of the result.
     #[target_feature(enable = "avx512f")]
     fn hsum8(v: [__m512; 8]) -> __m256 {
@@ -310,7 +317,7 @@ mod x86 {
             (1 << (hd % 16)) - 1
         };
         let mask = |j: usize| if j + 1 == NV { tail } else { 0xFFFF };
-        let (kp, vp) = (kv.k.as_ptr(), kv.v.as_ptr());
+        let vp = kv.v.as_ptr();
         let base = scores.as_mut_ptr();
         let sp: [*mut f32; H] = std::array::from_fn(|g| base.wrapping_add(g * a.pad));
         for (r, o) in out.chunks_exact_mut(a.heads * hd).enumerate() {
@@ -319,7 +326,7 @@ mod x86 {
                 let qh = a.q[r * a.q_stride + (g0 + g) * hd..].as_ptr();
                 // SAFETY: the head's query holds `hd` floats, keys `at + hd` lie inside the key
                 // cache, and `sg` has `a.pad >= n` rounded up to 16 floats.
-                unsafe { exp_scores::<NV>(kv, qh, mask, n, a.scale, kp, sg) };
+                unsafe { exp_scores::<NV>(kv, qh, mask, n, a.scale, g == 0, sg) };
             }
             // The sums in order and the weights divided by them, as the portable path does
             // (the heads' sums interleaved: each is a chain of dependent additions).
@@ -351,8 +358,8 @@ mod x86 {
                 for j in 0..NV {
                     // SAFETY: `at + hd` lies inside the value cache (caller's promise).
                     let v = unsafe { _mm512_maskz_loadu_ps(mask(j), vp.add(at + 16 * j)) };
-                    for g in 0..H {
-                        acc[g][j] = _mm512_fmadd_ps(w[g], v, acc[g][j]);
+                    for (acc_g, &w_g) in acc.iter_mut().zip(&w) {
+                        acc_g[j] = _mm512_fmadd_ps(w_g, v, acc_g[j]);
                     }
                 }
             }
@@ -366,11 +373,13 @@ mod x86 {
         }
     }
 
-    /// Writes `exp(score - max score)` of query `q` over positions `0..n` to `s[0..n]`.
+    /// Writes `exp(score - max score)` of query `q` over positions `0..n` to `s[0..n]`; with
+    /// `fetch`, also asks for the keys eight positions ahead and the values of each position
+    /// (the KV cache of a decode step mostly comes from memory).
     ///
     /// # Safety
     /// AVX-512F; `q` holds the `hd` floats `mask` selects; every position's key lies inside the
-    /// key cache at `kp`; `s` holds `n` rounded up to 16 floats.
+    /// key cache; `s` holds `n` rounded up to 16 floats.
     #[target_feature(enable = "avx512f")]
     unsafe fn exp_scores<const NV: usize>(
         kv: &KvHead,
@@ -378,15 +387,26 @@ mod x86 {
         mask: impl Fn(usize) -> __mmask16,
         n: usize,
         scale: f32,
-        kp: *const f32,
+        fetch: bool,
         s: *mut f32,
     ) {
+        let (kp, vp) = (kv.k.as_ptr(), kv.v.as_ptr());
+        let lines = (16 * NV).div_ceil(16);
         // SAFETY: masked to the query's floats.
         let qv: [__m512; NV] =
             std::array::from_fn(|j| unsafe { _mm512_maskz_loadu_ps(mask(j), q.add(16 * j)) });
         // Scores, eight positions at a time (the last chunk padded with repeats of n - 1).
         let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
         for p0 in (0..n).step_by(8) {
+            if fetch {
+                for p in p0..(p0 + 8).min(n) {
+                    let (ka, va) = (kv.at((p + 8).min(n - 1)), kv.at(p));
+                    for l in 0..lines {
+                        prefetch(kp.wrapping_add(ka + 16 * l));
+                        prefetch(vp.wrapping_add(va + 16 * l));
+                    }
+                }
+            }
             let acc: [__m512; 8] = std::array::from_fn(|i| {
                 let at = kv.at((p0 + i).min(n - 1));
                 // Even and odd vectors in two sums, as `dot_f32` adds them.

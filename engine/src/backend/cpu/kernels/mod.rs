@@ -1,5 +1,5 @@
 //! CPU matrix kernels: quantized weights (Q4_1, Q8_0) times f32 activations, plus float weights
-//! (F32, F16, BF16) and the small f32 helpers attention needs.
+//! (F32, F16, BF16) and attention over the paged KV cache ([`attend_rows`]).
 //!
 //! # How a quantized matmul runs
 //!
@@ -11,6 +11,9 @@
 //! 3. Work is split over the [`ThreadPool`] in tasks of (output-row chunk × token chunk). Inside a
 //!    task, tiles of `R` weight rows × `C` activation rows reuse each unpacked weight block for
 //!    several tokens (prefill and batched decode) and keep several accumulators in flight.
+//!
+//! With AVX-512, [`lanes`] serves every batch size: 16 weight rows side by side, one per lane,
+//! regrouped straight from the stored rows, so one int-to-float conversion serves 16 rows.
 //!
 //! The instruction set is detected once ([`simd_level`]); `SLUICE_SIMD=scalar|avx2|avx512` caps
 //! it, and the `*_with` functions let tests pick a level explicitly (never above the detected
@@ -30,9 +33,9 @@ mod avx2;
 mod avx512;
 mod float;
 #[cfg(target_arch = "x86_64")]
-mod packed;
+mod lanes;
 #[cfg(target_arch = "x86_64")]
-mod quad;
+mod packed;
 mod quant;
 mod scalar;
 #[cfg(test)]
@@ -271,14 +274,15 @@ pub fn matmul_multi_with(
     let avx512 = cfg!(target_arch = "x86_64") && level == SimdLevel::Avx512;
     // Batch invariance: every (weight row, token) product must be computed the same way
     // whatever else is in the batch, or a request's greedy output would depend on its
-    // neighbours. The quad kernel serves every batch size (and is as fast at prefill here); the
-    // packed kernel rounds differently, so it stays off until it matches bit for bit.
+    // neighbours. The lanes kernel serves every batch size (and is faster at prefill here than
+    // the packed one); the packed kernel rounds differently, so it stays off until it matches
+    // bit for bit.
     let use_packed = avx512 && m >= PACKED_MIN_M && PACKED_ENABLED;
-    let use_quad = avx512 && !use_packed;
-    let layout = match (use_packed, use_quad) {
-        (true, _) => ActLayout::Packed,
-        (_, true) => ActLayout::Quad,
-        _ => ActLayout::Plain,
+    let use_lanes = avx512 && !use_packed;
+    let layout = if use_packed {
+        ActLayout::Packed
+    } else {
+        ActLayout::Plain
     };
     let mut acts = if quantized {
         let mut a = quant::take_scratch();
@@ -304,7 +308,16 @@ pub fn matmul_multi_with(
             .div_ceil(row_tasks)
             .min(m.div_ceil(PACKED_MIN_M));
         (PACKED_ROWS, m.div_ceil(tok_chunks).next_multiple_of(4))
-    } else if m > 8 && !use_quad {
+    } else if use_lanes {
+        // Tiles of 16 rows. With per-thread shares of tasks (see the pool), a few tasks per
+        // thread balance as well as many, at less cost per call; long prefills are also split
+        // by tokens (weights are regrouped per 8 tokens anyway).
+        let want = LANES_TASKS_PER_THREAD * pool.n_threads();
+        (
+            (total_rows / want).clamp(16, 1024).next_multiple_of(16),
+            m.min(LANES_TOKENS_PER_TASK),
+        )
+    } else if m > 8 {
         (16, 64)
     } else {
         (
@@ -342,7 +355,7 @@ pub fn matmul_multi_with(
                 packed::packed_block(&pplan, w, a, rows, toks, outs[j])
             }
             #[cfg(target_arch = "x86_64")]
-            Some(a) if w.is_quantized() && use_quad => quad::quad_block(w, a, rows, toks, outs[j]),
+            Some(a) if w.is_quantized() && use_lanes => lanes::block(w, a, rows, toks, outs[j]),
             Some(a) if w.is_quantized() => quant_block(level, w, a, rows, toks, outs[j]),
             _ => float::float_block(level, w, x, rows, toks, outs[j].0),
         }
@@ -353,6 +366,11 @@ pub fn matmul_multi_with(
         quant::put_scratch(a);
     }
 }
+
+/// Tasks per thread of a product on the lanes kernel.
+const LANES_TASKS_PER_THREAD: usize = 4;
+/// Most tokens per task on the lanes kernel.
+const LANES_TOKENS_PER_TASK: usize = 64;
 
 /// Weight rows per tile (the main tile; leftovers run one row at a time).
 const TILE_R: usize = 4;

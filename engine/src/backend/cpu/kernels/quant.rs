@@ -14,12 +14,10 @@ use super::SimdLevel;
 /// The layout the dot kernels read the activations in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ActLayout {
-    /// `qs` and `ds` only (the stored-layout kernels).
+    /// `qs` and `ds` only (the stored-layout and lanes kernels).
     Plain,
     /// Also [`super::packed`]'s lines (AVX-512, large batches).
     Packed,
-    /// Also [`super::quad`]'s lines (AVX-512, small batches).
-    Quad,
 }
 
 /// Activation rows per parallel quantization task.
@@ -37,13 +35,12 @@ pub(crate) fn quantize_parallel(
     #[cfg(target_arch = "x86_64")]
     let plan = (layout == ActLayout::Packed).then(|| super::packed::Plan::new(nb));
     #[cfg(target_arch = "x86_64")]
-    let rl = match layout {
-        ActLayout::Plain => 0,
-        ActLayout::Packed => plan.as_ref().map_or(0, |p| p.row_lines),
-        ActLayout::Quad => super::quad::row_lines(nb),
-    };
+    let rl = plan.as_ref().map_or(0, |p| p.row_lines);
     #[cfg(not(target_arch = "x86_64"))]
-    let rl = 0;
+    let rl = {
+        let _ = layout;
+        0
+    };
     acts.packed_row_lines = rl;
     #[cfg(target_arch = "x86_64")]
     acts.packed.resize(m * rl, super::packed::Line::default());
@@ -73,16 +70,10 @@ pub(crate) fn quantize_parallel(
         let p = &mut *g;
         quantize_rows(level, p.x, p.qs, p.ds, cols);
         #[cfg(target_arch = "x86_64")]
-        if let Some(lines) = p.lines.as_deref_mut() {
-            match (&plan, layout) {
-                // SAFETY: packing is only requested at the AVX-512 level, which the caller
-                // clamped to the detected one.
-                (Some(plan), _) => unsafe {
-                    super::packed::pack_acts(plan, p.qs, p.ds, cols, lines)
-                },
-                (None, ActLayout::Quad) => super::quad::pack_acts(p.qs, p.ds, cols, lines),
-                _ => {}
-            }
+        if let (Some(plan), Some(lines)) = (&plan, p.lines.as_deref_mut()) {
+            // SAFETY: packing is only requested at the AVX-512 level, which the caller clamped
+            // to the detected one.
+            unsafe { super::packed::pack_acts(plan, p.qs, p.ds, cols, lines) };
         }
     };
     if parts.len() == 1 {

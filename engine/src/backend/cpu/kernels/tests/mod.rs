@@ -4,6 +4,8 @@ use half::{bf16, f16};
 
 use super::*;
 
+mod attend;
+
 /// SplitMix64: small, deterministic, good enough for test data.
 struct Rng(u64);
 
@@ -351,124 +353,50 @@ fn large_batch_matches_scalar() {
     }
 }
 
-/// Attention over a scattered block table against an f64 reference and, bit for bit, the
-/// per-position `dot_f32`/`exp`/`axpy` path, for head sizes with and without a partial vector,
-/// groups of one to five query heads and contexts across several blocks.
+/// Every decode batch size (token tiles of one to eight and their splits, row tiles of 16 and
+/// partial ones) on rows of whole and partial groups of 16 blocks.
 #[test]
-fn attention_rows_match_reference() {
-    let mut rng = Rng(7);
-    let cases = [
-        (64usize, 16usize, 3usize, 1usize, 1usize),
-        (64, 16, 3, 3, 45),
-        (8, 4, 1, 2, 9),
-        (40, 5, 5, 4, 130),
-        (128, 16, 2, 2, 20),
-    ];
-    for (hd, bs, heads, n_rows, n_ctx0) in cases {
-        let stride = 3 * hd + 5;
-        let n_max = n_ctx0 + n_rows - 1;
-        let n_blocks = n_max.div_ceil(bs);
-        // Blocks in reverse order, with gaps.
-        let blocks: Vec<u32> = (0..n_blocks as u32).rev().map(|b| 2 * b + 1).collect();
-        let slots = (2 * n_blocks + 2) * bs;
-        // Keys large enough for peaked softmaxes (scores of a few tens).
-        let k: Vec<f32> = (0..slots * stride)
-            .map(|_| rng.uniform(-3.0, 3.0))
-            .collect();
-        let v = random_acts(&mut rng, slots * stride);
-        let q_stride = heads * hd + 3;
-        let q = random_acts(&mut rng, n_rows * q_stride);
-        let scale = 1.0 / (hd as f32).sqrt();
-        let off = hd;
-        let kv = KvHead {
-            k: &k,
-            v: &v,
-            stride,
-            off,
-            blocks: &blocks,
-            block_size: bs,
-        };
-        let at = |p: usize| (blocks[p / bs] as usize * bs + p % bs) * stride + off;
-        let mut want = vec![0f32; n_rows * heads * hd];
-        for (i, w) in want.chunks_exact_mut(hd).enumerate() {
-            let (r, g) = (i / heads, i % heads);
-            let qr = &q[r * q_stride + g * hd..][..hd];
-            let s: Vec<f64> = (0..n_ctx0 + r)
-                .map(|p| {
-                    let dot: f64 = qr
-                        .iter()
-                        .zip(&k[at(p)..])
-                        .map(|(&a, &b)| a as f64 * b as f64)
-                        .sum();
-                    dot * scale as f64
-                })
-                .collect();
-            let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
-            let z: f64 = e.iter().sum();
-            for (t, wt) in w.iter_mut().enumerate() {
-                let o: f64 = e
-                    .iter()
-                    .enumerate()
-                    .map(|(p, x)| x / z * v[at(p) + t] as f64)
-                    .sum();
-                *wt = o as f32;
+fn small_batches_match_scalar() {
+    let mut rng = Rng(8);
+    for dtype in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        for &(rows, cols) in &[(7, 32 * 16), (19, 32 * 17), (6, 32 * 35), (37, 32 * 22)] {
+            let data = random_matrix(&mut rng, dtype, rows, cols);
+            let w = QMatrix::new(dtype, rows, cols, &data).expect("valid matrix");
+            for m in 1..18 {
+                let x = random_acts(&mut rng, m * cols);
+                let scalar = run_matmul(SimdLevel::Scalar, 1, &w, &x, m);
+                let best = run_matmul(simd_level(), 2, &w, &x, m);
+                let what = format!("{dtype} {rows}x{cols} m={m}");
+                assert_close(&best, &scalar, 1e-4, &what);
             }
-        }
-        let what = |level| format!("attention hd={hd} bs={bs} heads={heads} {level:?}");
-        for level in levels() {
-            let mut got = vec![f32::NAN; want.len()];
-            attend_rows_with(level, &kv, &q, q_stride, hd, heads, n_ctx0, scale, &mut got);
-            assert_close(&got, &want, 1e-6, &what(level));
-            let mut calls = vec![f32::NAN; want.len()];
-            attention::portable_for_test(
-                level, &kv, &q, q_stride, hd, heads, n_ctx0, scale, &mut calls,
-            );
-            let same = got
-                .iter()
-                .zip(&calls)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{}: not the per-position result", what(level));
         }
     }
 }
 
-/// The AVX-512 `exp` of attention against `f32::exp` (bit for bit on glibc; within an ulp on
-/// other C libraries), over [-110, 0] and some special values.
-#[cfg(target_arch = "x86_64")]
+/// A token's outputs are the same, bit for bit, whatever else is in the batch (its size, the
+/// token's place in it, the task split): a request's result must not depend on its neighbours.
 #[test]
-fn attention_exp_matches_libm() {
-    if simd_level() != SimdLevel::Avx512 {
-        return;
-    }
-    let mut xs: Vec<f32> = (0..1 << 20)
-        .map(|i| -110.0 * i as f32 / (1 << 20) as f32)
-        .collect();
-    xs.extend([
-        0.0,
-        -0.0,
-        -1e-30,
-        -87.5,
-        -103.97,
-        -103.98,
-        -1e4,
-        f32::NEG_INFINITY,
-    ]);
-    xs.resize(xs.len().next_multiple_of(8), -1.0);
-    let (mut exact, mut worst) = (0, 0u32);
-    for c in xs.chunks_exact(8) {
-        let got = attention::exp8(c);
-        for (&x, g) in c.iter().zip(got) {
-            let want = x.exp();
-            let ulps = g.to_bits().abs_diff(want.to_bits());
-            if ulps > 1 {
-                eprintln!("x={x} got {g} want {want}");
+fn outputs_do_not_depend_on_the_batch() {
+    let mut rng = Rng(9);
+    for dtype in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        let (rows, cols, m) = (83, 576, 21);
+        let data = random_matrix(&mut rng, dtype, rows, cols);
+        let w = QMatrix::new(dtype, rows, cols, &data).expect("valid matrix");
+        let x = random_acts(&mut rng, m * cols);
+        for level in levels() {
+            let all = run_matmul(level, 2, &w, &x, m);
+            for (start, len) in [(0, 1), (5, 1), (20, 1), (3, 2), (7, 8), (0, 17)] {
+                for threads in [1, 2] {
+                    let part = &x[start * cols..(start + len) * cols];
+                    let got = run_matmul(level, threads, &w, part, len);
+                    let want = &all[start * rows..(start + len) * rows];
+                    let same = got
+                        .iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{dtype} {level:?} tokens {start}..+{len} t={threads}");
+                }
             }
-            worst = worst.max(ulps);
-            exact += usize::from(ulps == 0);
         }
     }
-    assert!(worst <= 1, "exp: {worst} ulps off");
-    eprintln!("exp: {exact} of {} bit-exact", xs.len());
-    assert!(attention::exp8(&[f32::NAN; 8])[0].is_nan());
 }
