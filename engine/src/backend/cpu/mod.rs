@@ -190,7 +190,18 @@ impl Backend for CpuBackend {
     }
 
     fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
-        ops::silu_mul(&mut gate[..len], &up[..len]);
+        // One `exp` per element: at batch 8 this is ~1 ms a step, worth both cores.
+        const CHUNK: usize = 4096;
+        let parts: Vec<std::sync::Mutex<(&mut [f32], &[f32])>> = gate[..len]
+            .chunks_mut(CHUNK)
+            .zip(up[..len].chunks(CHUNK))
+            .map(std::sync::Mutex::new)
+            .collect();
+        self.pool.run(parts.len(), &|i| {
+            let mut p = parts[i].lock().unwrap_or_else(|e| e.into_inner());
+            let (g, u) = &mut *p;
+            ops::silu_mul(g, u);
+        });
     }
 
     fn add_assign(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
