@@ -113,6 +113,7 @@ pub fn attend(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generate::Rng;
     use crate::kv::BLOCK_SIZE;
 
     /// Dense reference: one sequence, contiguous positions.
@@ -160,15 +161,8 @@ mod tests {
         };
         let n = 37; // spans three blocks, the last partial
         let kv_dim = 16;
-        let mut seed = 7u32;
-        let mut rnd = |len: usize| -> Vec<f32> {
-            (0..len)
-                .map(|_| {
-                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                    (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-                })
-                .collect()
-        };
+        let mut rng = Rng::new(7);
+        let mut rnd = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.next_f32() - 0.5).collect() };
         let (q, k, v) = (rnd(n * 32), rnd(n * kv_dim), rnd(n * kv_dim));
         // Scatter keys/values into non-contiguous blocks 5, 1, 3.
         let blocks = [5u32, 1, 3];
@@ -226,15 +220,8 @@ mod tests {
             head_dim: 64,
         };
         let (q_width, kv_dim) = (9 * 64, 3 * 64);
-        let mut seed = 11u32;
-        let mut rnd = |len: usize| -> Vec<f32> {
-            (0..len)
-                .map(|_| {
-                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                    (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-                })
-                .collect()
-        };
+        let mut rng = Rng::new(11);
+        let mut rnd = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.next_f32() - 0.5).collect() };
         let (kc, vc) = (rnd(12 * BLOCK_SIZE * kv_dim), rnd(12 * BLOCK_SIZE * kv_dim));
         let tables: [&[u32]; 4] = [&[3, 0], &[7], &[1, 9, 4], &[11, 2, 5, 6]];
         let positions = [20, 9, 40, 51];
