@@ -3,14 +3,14 @@
 use super::body::Body;
 use super::error::ApiError;
 use super::generation::{
-    build_request, collect, new_id, to_json, unix_now, with_bos, ChunkFormatter, Finish, SseStream,
+    build_request, collect, new_id, to_json, unix_now, ChunkFormatter, Finish, SseStream,
     Tracker,
 };
 use super::types::{
     AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChunkChoice, Delta, ResponseMeta,
     ToolCall, ToolCallDelta,
 };
-use super::{chat_request, parse, tools, Call, State};
+use super::{chat_request, parse, prompt, tools, Call, State};
 use crate::generate::FinishReason;
 use http::Response;
 
@@ -18,16 +18,7 @@ pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, 
     let req = chat_request::parse(&parse::json(&call.body)?)?;
     let engine = &state.engine;
     let use_tools = tools::enabled(&req);
-    let messages = tools::render_messages(&req);
-    let text = engine
-        .chat_template()
-        .render(&messages, true)
-        .map_err(|e| ApiError::invalid("messages", format!("messages: {e}")))?;
-    let tokenizer = engine.tokenizer();
-    let ids = tokenizer
-        .encode(&text, true)
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    let ids = with_bos(tokenizer, ids);
+    let ids = prompt::chat_ids(&req, engine.tokenizer(), engine.chat_template())?;
     let gen = build_request(
         engine.context_window(),
         ids,

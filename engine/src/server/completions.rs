@@ -5,36 +5,16 @@ use http::{Response, StatusCode};
 use super::body::Body;
 use super::error::ApiError;
 use super::generation::{
-    build_request, collect, new_id, to_json, unix_now, with_bos, ChunkFormatter, Finish, SseStream,
+    build_request, collect, new_id, to_json, unix_now, ChunkFormatter, Finish, SseStream,
     Tracker,
 };
-use super::types::{Completion, CompletionChoice, Prompt, ResponseMeta};
-use super::{parse, Call, State};
+use super::types::{Completion, CompletionChoice, ResponseMeta};
+use super::{parse, prompt, Call, State};
 
 pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, ApiError> {
     let req = parse::completion_request(&parse::json(&call.body)?)?;
     let engine = &state.engine;
-    let tokenizer = engine.tokenizer();
-    let ids = match req.prompt {
-        // Special-token text in a user's prompt is plain text.
-        Prompt::Text(text) => {
-            let ids = tokenizer
-                .encode(&text, false)
-                .map_err(|e| ApiError::internal(e.to_string()))?;
-            with_bos(tokenizer, ids)
-        }
-        // Token ids are used exactly as given.
-        Prompt::Tokens(ids) => {
-            let vocab = tokenizer.vocab_size();
-            if let Some((i, t)) = ids.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
-                return Err(ApiError::invalid(
-                    format!("prompt[{i}]"),
-                    format!("prompt[{i}]: token id {t} is outside the vocabulary ({vocab} tokens)"),
-                ));
-            }
-            ids
-        }
-    };
+    let ids = prompt::completion_ids(req.prompt, engine.tokenizer())?;
     let gen = build_request(
         engine.context_window(),
         ids,

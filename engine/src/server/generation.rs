@@ -16,7 +16,6 @@ use super::metrics::HttpMetrics;
 use super::types::{Sampling, Usage};
 use crate::api::{GenerationEvent, GenerationRequest};
 use crate::generate::FinishReason;
-use crate::model::tokenizer::Tokenizer;
 use crate::trace::TraceContext;
 
 /// The default `max_tokens` is what is left of the context window, at most this.
@@ -38,16 +37,6 @@ pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// Prepends BOS when the model wants one and the prompt does not start with it.
-pub(crate) fn with_bos(tokenizer: &Tokenizer, mut ids: Vec<u32>) -> Vec<u32> {
-    if let Some(bos) = tokenizer.bos_id().filter(|_| tokenizer.add_bos()) {
-        if ids.first() != Some(&bos) {
-            ids.insert(0, bos);
-        }
-    }
-    ids
 }
 
 /// The engine request for `prompt`; `prompt_param` names the field in errors.

@@ -17,6 +17,7 @@ mod error;
 mod generation;
 mod metrics;
 mod parse;
+pub mod prompt;
 mod tools;
 mod types;
 

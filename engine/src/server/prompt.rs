@@ -1,0 +1,136 @@
+//! The prompt a request runs on, tokenized exactly as this server tokenizes it.
+//!
+//! Public so that a gateway in front of the engine counts a request's prompt tokens with the
+//! same code (chat template, tools, BOS) and gets the number the engine reports as
+//! `usage.prompt_tokens`.
+
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::types::{ChatRequest, Prompt};
+use super::{chat_request, parse, tools};
+use crate::model::chat::ChatTemplate;
+use crate::model::tokenizer::Tokenizer;
+
+/// The generation endpoints whose prompt can be counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`: messages (and tools) through the chat template.
+    ChatCompletions,
+    /// `POST /v1/completions`: a text prompt, or token ids used as given.
+    Completions,
+}
+
+impl Endpoint {
+    /// The endpoint served at `path`, if it is one of the generation endpoints.
+    pub fn from_path(path: &str) -> Option<Self> {
+        match path {
+            "/v1/chat/completions" => Some(Self::ChatCompletions),
+            "/v1/completions" => Some(Self::Completions),
+            _ => None,
+        }
+    }
+
+    /// The request field that holds the prompt (the `param` of prompt errors).
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "messages",
+            Self::Completions => "prompt",
+        }
+    }
+}
+
+/// Why a request's prompt could not be built: the same 400 the engine would answer.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct PromptError {
+    /// The offending field's path, e.g. `messages[1].content`.
+    pub param: Option<String>,
+    /// OpenAI's `code`, e.g. `unsupported_parameter`.
+    pub code: Option<String>,
+    pub message: String,
+    /// True for a failure of the tokenizer itself rather than of the request.
+    pub internal: bool,
+}
+
+impl From<ApiError> for PromptError {
+    fn from(e: ApiError) -> Self {
+        Self {
+            internal: e.status.is_server_error(),
+            param: e.param,
+            code: e.code,
+            message: e.message,
+        }
+    }
+}
+
+/// The token ids of the prompt of `body`, a parsed request to `endpoint`; validates the whole
+/// request on the way, so a request this accepts is one the engine accepts.
+pub fn prompt_ids(
+    endpoint: Endpoint,
+    body: &Value,
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+) -> Result<Vec<u32>, PromptError> {
+    let ids = match endpoint {
+        Endpoint::ChatCompletions => {
+            chat_ids(&chat_request::parse(body)?, tokenizer, template)?
+        }
+        Endpoint::Completions => completion_ids(parse::completion_request(body)?.prompt, tokenizer)?,
+    };
+    if ids.is_empty() {
+        let param = endpoint.prompt_param();
+        return Err(ApiError::invalid(param, format!("{param}: must not be empty")).into());
+    }
+    Ok(ids)
+}
+
+/// A chat request's prompt: its messages (tools rendered in) through the chat template.
+pub(crate) fn chat_ids(
+    req: &ChatRequest,
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+) -> Result<Vec<u32>, ApiError> {
+    let messages = tools::render_messages(req);
+    let text = template
+        .render(&messages, true)
+        .map_err(|e| ApiError::invalid("messages", format!("messages: {e}")))?;
+    let ids = tokenizer
+        .encode(&text, true)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(with_bos(tokenizer, ids))
+}
+
+/// A completion request's prompt.
+pub(crate) fn completion_ids(prompt: Prompt, tokenizer: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+    match prompt {
+        // Special-token text in a user's prompt is plain text.
+        Prompt::Text(text) => {
+            let ids = tokenizer
+                .encode(&text, false)
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+            Ok(with_bos(tokenizer, ids))
+        }
+        // Token ids are used exactly as given.
+        Prompt::Tokens(ids) => {
+            let vocab = tokenizer.vocab_size();
+            if let Some((i, t)) = ids.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
+                return Err(ApiError::invalid(
+                    format!("prompt[{i}]"),
+                    format!("prompt[{i}]: token id {t} is outside the vocabulary ({vocab} tokens)"),
+                ));
+            }
+            Ok(ids)
+        }
+    }
+}
+
+/// `ids` with the tokenizer's BOS in front, when the model wants one and it is not there.
+fn with_bos(tokenizer: &Tokenizer, mut ids: Vec<u32>) -> Vec<u32> {
+    if let Some(bos) = tokenizer.bos_id().filter(|_| tokenizer.add_bos()) {
+        if ids.first() != Some(&bos) {
+            ids.insert(0, bos);
+        }
+    }
+    ids
+}

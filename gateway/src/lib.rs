@@ -1,0 +1,3 @@
+//! Sluice's gateway: an admission-controlled HTTPS front door for LLM serving.
+
+pub mod policy;

@@ -1,0 +1,228 @@
+//! The policy's keys. Every table and the file itself refuse unknown keys; every key has a
+//! default, so an empty file is the deployment's measured defaults (see `docs/policy.md`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// A whole policy file.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    pub server: Server,
+    pub limits: Limits,
+    pub admission: Admission,
+    pub upstream: Upstream,
+    pub tenants: Vec<Tenant>,
+    pub alerts: Alerts,
+    pub admin: Admin,
+}
+
+/// `[server]`: where and how the gateway listens.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Server {
+    pub listen: SocketAddr,
+    /// PEM certificate chain; with `tls_key`. Neither: a generated development certificate.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// The largest request body read (413 above it).
+    pub body_limit_bytes: usize,
+    /// How long shutdown waits for requests in flight before closing connections.
+    #[serde(with = "super::duration")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
+            tls_cert: None,
+            tls_key: None,
+            body_limit_bytes: 4 << 20,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `[limits]`: token limits checked on arrival.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest prompt accepted (400 `context_length_exceeded` above).
+    pub input_tokens_max: usize,
+    /// Prompt + `max_tokens` must fit in this many tokens.
+    pub context_window: usize,
+    /// `max_tokens` when a request gives none.
+    pub max_tokens_default: usize,
+    /// `max_tokens` above this is lowered to it.
+    pub max_tokens_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            input_tokens_max: 8192,
+            context_window: 12288,
+            max_tokens_default: 512,
+            max_tokens_max: 4096,
+        }
+    }
+}
+
+/// `[admission]`: how many requests run upstream at once, and how the rest wait.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Admission {
+    /// Requests active upstream at once.
+    pub active_max: usize,
+    /// Requests waiting for a slot; one more is shed with 503 `overloaded`.
+    pub queue_depth: usize,
+    /// Longest wait for a slot (503 `queue_timeout` after it).
+    #[serde(with = "super::duration")]
+    pub queue_wait_max: Duration,
+    /// Prompts longer than this are heavy.
+    pub heavy_input_tokens: usize,
+    /// Heavy requests active at once.
+    pub heavy_active_max: usize,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Self {
+            active_max: 4,
+            queue_depth: 16,
+            queue_wait_max: Duration::from_secs(60),
+            heavy_input_tokens: 4096,
+            heavy_active_max: 1,
+        }
+    }
+}
+
+/// What the gateway forwards to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamKind {
+    /// The bundled engine, started and supervised by the gateway.
+    #[default]
+    Bundled,
+    /// Any OpenAI-compatible server(s) at `urls`.
+    Openai,
+}
+
+/// `[upstream]`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Upstream {
+    pub kind: UpstreamKind,
+    /// Base URLs (`http://host:port`) of an `openai` upstream.
+    pub urls: Vec<String>,
+    /// The model name clients see (default: the upstream's own).
+    pub model: Option<String>,
+    /// `tokenizer.json` or GGUF to count with (default: the bundled model).
+    pub tokenizer: Option<PathBuf>,
+    /// Bundled engine: ranks in the pipeline.
+    pub ranks: usize,
+    /// Bundled engine: how long its start may take before it counts as failed.
+    #[serde(with = "super::duration")]
+    pub start_timeout: Duration,
+}
+
+impl Default for Upstream {
+    fn default() -> Self {
+        Self {
+            kind: UpstreamKind::Bundled,
+            urls: Vec::new(),
+            model: None,
+            tokenizer: None,
+            ranks: 3,
+            start_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A request's priority class.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Class {
+    /// Shed first, never takes the last slot.
+    Batch,
+    #[default]
+    Interactive,
+}
+
+impl Class {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Interactive => "interactive",
+            Self::Batch => "batch",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim() {
+            "interactive" => Some(Self::Interactive),
+            "batch" => Some(Self::Batch),
+            _ => None,
+        }
+    }
+}
+
+/// `[[tenants]]`: one API key and its limits.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tenant {
+    pub name: String,
+    /// Lowercase hex SHA-256 of the key (never the key itself).
+    pub api_key_sha256: String,
+    #[serde(default)]
+    pub class: Class,
+    /// Sustained request rate (GCRA); none: unlimited.
+    pub requests_per_second: Option<f64>,
+    /// Requests allowed at once above the sustained rate.
+    #[serde(default = "default_burst")]
+    pub burst: u32,
+    /// Tokens (prompt + `max_tokens` reserved) per minute; none: unlimited.
+    pub tokens_per_minute: Option<u64>,
+}
+
+fn default_burst() -> u32 {
+    10
+}
+
+/// `[alerts]`: where and when the gateway raises alerts (see the observability docs).
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Alerts {
+    /// Webhook URLs (Alertmanager-compatible) that receive alerts.
+    pub webhooks: Vec<String>,
+    /// Shed responses per second, over `window`, that raise the shedding alert.
+    pub shed_rate: f64,
+    /// Queue-time p95 that raises the queueing alert.
+    #[serde(with = "super::duration")]
+    pub queue_p95: Duration,
+    /// The window the rates and percentiles are taken over.
+    #[serde(with = "super::duration")]
+    pub window: Duration,
+}
+
+impl Default for Alerts {
+    fn default() -> Self {
+        Self {
+            webhooks: Vec::new(),
+            shed_rate: 0.1,
+            queue_p95: Duration::from_secs(10),
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// `[admin]`: the key of the `/admin/*` endpoints; none: they answer 404.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Admin {
+    pub api_key_sha256: Option<String>,
+}
