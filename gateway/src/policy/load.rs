@@ -45,21 +45,35 @@ impl LoadedPolicy {
         }
     }
 
-    /// Reads, parses and validates `path`.
+    /// Reads, parses and validates `path`. Every error starts with the path; syntax, type and
+    /// range errors go on with the line and column.
     pub fn from_file(path: &Path) -> Result<Self, PolicyError> {
         let bytes = std::fs::read(path)
             .map_err(|e| PolicyError::new(format!("{}: {e}", path.display())))?;
-        let text = std::str::from_utf8(&bytes)
-            .map_err(|e| PolicyError::new(format!("{}: not UTF-8: {e}", path.display())))?;
-        let policy = parse(text)
-            .map_err(|e| PolicyError::new(format!("{}: {}", path.display(), e.message)))?;
+        Self::from_bytes(&bytes, Some(path))
+    }
+
+    /// Parses and validates file contents already read (the reloader hashes them first).
+    pub fn from_bytes(bytes: &[u8], path: Option<&Path>) -> Result<Self, PolicyError> {
+        let prefix = |m: &str| match path {
+            Some(p) => PolicyError::new(format!("{}: {m}", p.display())),
+            None => PolicyError::new(m),
+        };
+        let text = std::str::from_utf8(bytes).map_err(|e| prefix(&format!("not UTF-8: {e}")))?;
+        let policy = parse(text).map_err(|e| prefix(&e.message))?;
         Ok(Self {
             policy,
-            sha256: hex_sha256(&bytes),
+            sha256: hex_sha256(bytes),
             loaded_at: SystemTime::now(),
-            path: Some(path.to_owned()),
+            path: path.map(Path::to_owned),
         })
     }
+}
+
+/// What `sluice policy check FILE` runs: the same load, with the same errors, as a reload.
+/// On success the CLI prints `ok <sha256>`.
+pub fn check_file(path: &Path) -> Result<LoadedPolicy, PolicyError> {
+    LoadedPolicy::from_file(path)
 }
 
 /// Parses and validates policy text; errors name the line and column.
@@ -72,15 +86,64 @@ pub fn parse(text: &str) -> Result<Policy, PolicyError> {
             .unwrap_or_default();
         PolicyError::new(format!("{at}{}", e.message()))
     })?;
-    validate::check(&policy)?;
-    Ok(policy)
+    let problems = validate::problems(&policy);
+    if problems.is_empty() {
+        return Ok(policy);
+    }
+    let text: Vec<String> = problems
+        .iter()
+        .map(|p| match locate(text, &p.key) {
+            Some((l, c)) => format!("line {l}, column {c}: {p}"),
+            None => p.to_string(),
+        })
+        .collect();
+    Err(PolicyError::new(text.join("; ")))
+}
+
+/// Line and column of the value at `key` (`admission.active_max`, `tenants[1].name`) in
+/// `text`, or of its nearest enclosing table or array written in the file; none when not even
+/// the top-level table of `key` is.
+fn locate(text: &str, key: &str) -> Option<(usize, usize)> {
+    let doc = toml::de::DeTable::parse(text).ok()?;
+    let mut found: Option<usize> = None;
+    let mut value: Option<&toml::Spanned<toml::de::DeValue<'_>>> = None;
+    for segment in key.split('.') {
+        let (name, index) = match segment.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (segment, None),
+        };
+        let table = match value.map(toml::Spanned::get_ref) {
+            None => doc.get_ref(),
+            Some(toml::de::DeValue::Table(t)) => t,
+            Some(_) => break,
+        };
+        let Some((_, v)) = table.iter().find(|(k, _)| k.get_ref().as_ref() == name) else {
+            break;
+        };
+        found = Some(v.span().start);
+        value = Some(v);
+        if let Some(i) = index {
+            let Some(item) = (match v.get_ref() {
+                toml::de::DeValue::Array(items) => items.get(i),
+                _ => None,
+            }) else {
+                break;
+            };
+            found = Some(item.span().start);
+            value = Some(item);
+        }
+    }
+    found.map(|offset| line_col(text, offset))
 }
 
 /// 1-based line and column of byte `offset` in `text`.
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let col = before.rfind('\n').map_or(before.len(), |i| before.len() - i - 1) + 1;
+    let col = before
+        .rfind('\n')
+        .map_or(before.len(), |i| before.len() - i - 1)
+        + 1;
     (line, col)
 }
 

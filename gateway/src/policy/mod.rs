@@ -4,16 +4,23 @@
 //! - [`schema`]: the keys, their types and defaults.
 //! - [`validate`]: the rules across keys (ranges, consistency).
 //! - [`load`]: reading a file into a [`LoadedPolicy`] (hash, load time), errors with line and
-//!   column.
+//!   column; [`load::check_file`] for `sluice policy check`.
+//! - [`reload`]: the file watcher and SIGHUP that swap a new policy in.
+//! - [`store`]: the policy in force, shared by every layer.
 
 mod duration;
 pub mod load;
+pub mod reload;
 pub mod schema;
 pub mod store;
 pub mod validate;
 
-pub use load::{LoadedPolicy, PolicyError};
-pub use store::PolicyStore;
+#[cfg(test)]
+mod tests;
+
+pub use load::{check_file, LoadedPolicy, PolicyError};
+pub use reload::{spawn_reloader, ReloadHandle};
 pub use schema::{
     Admin, Admission, Alerts, Class, Limits, Policy, Server, Tenant, Upstream, UpstreamKind,
 };
+pub use store::PolicyStore;

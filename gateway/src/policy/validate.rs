@@ -1,29 +1,386 @@
-//! Rules across keys that types alone cannot express.
+//! Rules across keys that types alone cannot express: ranges, consistency, uniqueness.
+//!
+//! Every rule names the key it is about by its path in the file (`admission.active_max`,
+//! `tenants[1].api_key_sha256`), so [`super::load`] can point at its line and column. All
+//! broken rules are reported at once, not only the first. `docs/policy.md` lists the rules.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Duration;
+
+use http::Uri;
 
 use super::load::PolicyError;
-use super::schema::Policy;
+use super::schema::{
+    Admin, Admission, Alerts, Limits, Policy, Server, Tenant, Upstream, UpstreamKind,
+};
 
-/// Checks `policy` whole; the first broken rule is the error.
+/// The longest `admission.queue_wait_max`, `server.drain_timeout` and `upstream.start_timeout`.
+pub const DURATION_MAX: Duration = Duration::from_secs(3600);
+/// The smallest `server.body_limit_bytes`: a chat request with a short prompt must fit.
+pub const BODY_LIMIT_MIN: usize = 1024;
+/// Pipeline ranks the bundled engine can run.
+pub const RANKS_MAX: usize = 30;
+/// `tenants[].requests_per_second` range: one request per ~17 minutes up to a million per second
+/// (outside it the GCRA period does not fit a `Duration` or rounds to zero).
+pub const RPS_MIN: f64 = 0.001;
+pub const RPS_MAX: f64 = 1_000_000.0;
+/// The longest `alerts.window`.
+pub const ALERT_WINDOW_MAX: Duration = Duration::from_secs(24 * 3600);
+
+/// One broken rule: the key it is about and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// The key's path in the file: `limits.context_window`, `tenants[0].name`.
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+/// Checks `policy` whole; the error lists every broken rule, separated by `; `.
 pub fn check(p: &Policy) -> Result<(), PolicyError> {
-    let fail = |m: String| Err(PolicyError::new(m));
-    let (l, a) = (&p.limits, &p.admission);
-    if l.input_tokens_max == 0 {
-        return fail("limits.input_tokens_max: must be at least 1".into());
+    let found = problems(p);
+    if found.is_empty() {
+        return Ok(());
     }
+    let text: Vec<String> = found.iter().map(ToString::to_string).collect();
+    Err(PolicyError::new(text.join("; ")))
+}
+
+/// Every broken rule of `policy`, in file order (empty: valid).
+pub fn problems(p: &Policy) -> Vec<Problem> {
+    let mut out = Problems::default();
+    server(&p.server, &mut out);
+    limits(&p.limits, &mut out);
+    admission(&p.admission, &p.limits, &mut out);
+    upstream(&p.upstream, &mut out);
+    tenants(&p.tenants, &p.admin, &mut out);
+    alerts(&p.alerts, &mut out);
+    admin(&p.admin, &mut out);
+    out.0
+}
+
+#[derive(Default)]
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn add(&mut self, key: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Problem {
+            key: key.into(),
+            message: message.into(),
+        });
+    }
+
+    /// `value >= 1`, for counts where zero makes no sense.
+    fn positive(&mut self, key: &str, value: usize, what: &str) {
+        if value == 0 {
+            self.add(key, format!("must be at least 1 ({what})"));
+        }
+    }
+
+    /// `0 < value <= max` for durations (`zero_ok`: 0 allowed too).
+    fn duration(&mut self, key: &str, value: Duration, max: Duration, zero_ok: bool) {
+        if value.is_zero() && !zero_ok {
+            self.add(key, "must be longer than 0s");
+        } else if value > max {
+            self.add(
+                key,
+                format!(
+                    "{} is longer than the largest allowed, {}",
+                    humantime::format_duration(value),
+                    humantime::format_duration(max)
+                ),
+            );
+        }
+    }
+}
+
+fn server(s: &Server, out: &mut Problems) {
+    if s.body_limit_bytes < BODY_LIMIT_MIN {
+        out.add(
+            "server.body_limit_bytes",
+            format!(
+                "{} is below the smallest allowed, {BODY_LIMIT_MIN} (1 KiB)",
+                s.body_limit_bytes
+            ),
+        );
+    }
+    match (&s.tls_cert, &s.tls_key) {
+        (Some(_), None) => out.add("server.tls_key", "must be set when server.tls_cert is set"),
+        (None, Some(_)) => out.add("server.tls_cert", "must be set when server.tls_key is set"),
+        _ => {}
+    }
+    for (key, path) in [
+        ("server.tls_cert", &s.tls_cert),
+        ("server.tls_key", &s.tls_key),
+    ] {
+        if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            out.add(key, "must not be empty (leave it out instead)");
+        }
+    }
+    out.duration("server.drain_timeout", s.drain_timeout, DURATION_MAX, true);
+}
+
+fn limits(l: &Limits, out: &mut Problems) {
+    out.positive(
+        "limits.input_tokens_max",
+        l.input_tokens_max,
+        "no prompt would fit",
+    );
+    out.positive(
+        "limits.context_window",
+        l.context_window,
+        "no request would fit",
+    );
+    out.positive(
+        "limits.max_tokens_default",
+        l.max_tokens_default,
+        "a request must be able to generate",
+    );
+    out.positive(
+        "limits.max_tokens_max",
+        l.max_tokens_max,
+        "a request must be able to generate",
+    );
     if l.input_tokens_max > l.context_window {
-        return fail(format!(
-            "limits.input_tokens_max ({}) is larger than limits.context_window ({})",
-            l.input_tokens_max, l.context_window
-        ));
+        out.add(
+            "limits.input_tokens_max",
+            format!(
+                "{} is larger than limits.context_window ({})",
+                l.input_tokens_max, l.context_window
+            ),
+        );
     }
-    if a.active_max == 0 {
-        return fail("admission.active_max: must be at least 1".into());
+    if l.max_tokens_default > l.max_tokens_max {
+        out.add(
+            "limits.max_tokens_default",
+            format!(
+                "{} is larger than limits.max_tokens_max ({})",
+                l.max_tokens_default, l.max_tokens_max
+            ),
+        );
     }
+    if l.max_tokens_max >= l.context_window {
+        out.add(
+            "limits.max_tokens_max",
+            format!(
+                "{} must be smaller than limits.context_window ({}), leaving room for a prompt",
+                l.max_tokens_max, l.context_window
+            ),
+        );
+    }
+}
+
+fn admission(a: &Admission, l: &Limits, out: &mut Problems) {
+    out.positive(
+        "admission.active_max",
+        a.active_max,
+        "nothing would ever be admitted",
+    );
+    out.duration(
+        "admission.queue_wait_max",
+        a.queue_wait_max,
+        DURATION_MAX,
+        false,
+    );
+    out.positive(
+        "admission.heavy_input_tokens",
+        a.heavy_input_tokens,
+        "every request would be heavy",
+    );
+    out.positive(
+        "admission.heavy_active_max",
+        a.heavy_active_max,
+        "heavy requests would never run",
+    );
     if a.heavy_active_max > a.active_max {
-        return fail(format!(
-            "admission.heavy_active_max ({}) is larger than admission.active_max ({})",
-            a.heavy_active_max, a.active_max
+        out.add(
+            "admission.heavy_active_max",
+            format!(
+                "{} is larger than admission.active_max ({})",
+                a.heavy_active_max, a.active_max
+            ),
+        );
+    }
+    if a.heavy_input_tokens > l.input_tokens_max {
+        out.add(
+            "admission.heavy_input_tokens",
+            format!(
+                "{} is larger than limits.input_tokens_max ({}), so no request could be heavy",
+                a.heavy_input_tokens, l.input_tokens_max
+            ),
+        );
+    }
+}
+
+fn upstream(u: &Upstream, out: &mut Problems) {
+    match u.kind {
+        UpstreamKind::Openai => {
+            if u.urls.is_empty() {
+                out.add("upstream.urls", "kind \"openai\" needs at least one URL");
+            }
+            let mut seen: HashMap<&str, usize> = HashMap::new();
+            for (i, url) in u.urls.iter().enumerate() {
+                let key = format!("upstream.urls[{i}]");
+                if let Err(why) = base_url(url) {
+                    out.add(key, why);
+                } else if let Some(first) = seen.insert(url.as_str(), i) {
+                    out.add(key, format!("{url:?} repeats upstream.urls[{first}]"));
+                }
+            }
+        }
+        UpstreamKind::Bundled => {
+            if !u.urls.is_empty() {
+                out.add(
+                    "upstream.urls",
+                    "kind \"bundled\" takes no URLs (the gateway starts the engine)",
+                );
+            }
+            if !(1..=RANKS_MAX).contains(&u.ranks) {
+                out.add(
+                    "upstream.ranks",
+                    format!("{} is outside 1..={RANKS_MAX}", u.ranks),
+                );
+            }
+            out.duration(
+                "upstream.start_timeout",
+                u.start_timeout,
+                DURATION_MAX,
+                false,
+            );
+        }
+    }
+    if u.model.as_ref().is_some_and(|m| m.trim().is_empty()) {
+        out.add(
+            "upstream.model",
+            "must not be empty (leave it out for the upstream's own)",
+        );
+    }
+    if u.tokenizer
+        .as_ref()
+        .is_some_and(|t| t.as_os_str().is_empty())
+    {
+        out.add(
+            "upstream.tokenizer",
+            "must not be empty (leave it out for the bundled model's)",
+        );
+    }
+}
+
+fn tenants(ts: &[Tenant], admin: &Admin, out: &mut Problems) {
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    let mut keys: HashMap<&str, usize> = HashMap::new();
+    for (i, t) in ts.iter().enumerate() {
+        let at = |k: &str| format!("tenants[{i}].{k}");
+        if t.name.trim().is_empty() {
+            out.add(at("name"), "must not be empty");
+        } else if let Some(first) = names.insert(t.name.as_str(), i) {
+            out.add(
+                at("name"),
+                format!("{:?} is already the name of tenants[{first}]", t.name),
+            );
+        }
+        if let Err(why) = sha256_hex(&t.api_key_sha256) {
+            out.add(at("api_key_sha256"), why);
+        } else if let Some(first) = keys.insert(t.api_key_sha256.as_str(), i) {
+            out.add(
+                at("api_key_sha256"),
+                format!("is already the key of tenants[{first}]"),
+            );
+        } else if admin.api_key_sha256.as_deref() == Some(t.api_key_sha256.as_str()) {
+            out.add(
+                at("api_key_sha256"),
+                "is the admin key (admin.api_key_sha256); give the admin its own key",
+            );
+        }
+        if let Some(rps) = t.requests_per_second {
+            if !rps.is_finite() || !(RPS_MIN..=RPS_MAX).contains(&rps) {
+                out.add(
+                    at("requests_per_second"),
+                    format!("{rps} is outside {RPS_MIN}..={RPS_MAX} (leave it out for no limit)"),
+                );
+            }
+        }
+        if t.burst == 0 {
+            out.add(at("burst"), "must be at least 1");
+        }
+        if t.tokens_per_minute == Some(0) {
+            out.add(
+                at("tokens_per_minute"),
+                "must be at least 1 (leave it out for no limit)",
+            );
+        }
+    }
+}
+
+fn alerts(al: &Alerts, out: &mut Problems) {
+    for (i, url) in al.webhooks.iter().enumerate() {
+        if let Err(why) = webhook_url(url) {
+            out.add(format!("alerts.webhooks[{i}]"), why);
+        }
+    }
+    if !al.shed_rate.is_finite() || al.shed_rate <= 0.0 {
+        out.add(
+            "alerts.shed_rate",
+            format!("{} must be a positive number", al.shed_rate),
+        );
+    }
+    out.duration("alerts.queue_p95", al.queue_p95, DURATION_MAX, false);
+    out.duration("alerts.window", al.window, ALERT_WINDOW_MAX, false);
+}
+
+fn admin(ad: &Admin, out: &mut Problems) {
+    if let Some(Err(why)) = ad.api_key_sha256.as_deref().map(sha256_hex) {
+        out.add("admin.api_key_sha256", why);
+    }
+}
+
+/// A key hash: exactly 64 lowercase hex digits.
+fn sha256_hex(s: &str) -> Result<(), String> {
+    let ok = s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{s:?} is not a SHA-256 in lowercase hex (64 characters 0-9a-f; \
+             e.g. `printf %s \"$KEY\" | sha256sum`), and never the key itself"
+        ))
+    }
+}
+
+/// An `http(s)://host[:port]...` URI.
+fn http_uri(s: &str) -> Result<Uri, String> {
+    let uri: Uri = s.parse().map_err(|e| format!("{s:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err(format!("{s:?} must start with http:// or https://")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("{s:?} has no host"));
+    }
+    Ok(uri)
+}
+
+/// An upstream base URL: `http(s)://host:port`, no path (the request's path is appended).
+fn base_url(s: &str) -> Result<(), String> {
+    let uri = http_uri(s)?;
+    let path_ok = matches!(uri.path(), "" | "/") && uri.query().is_none();
+    if !path_ok {
+        return Err(format!(
+            "{s:?} has a path or query; write only http(s)://host:port (the request's /v1/... is appended)"
         ));
     }
     Ok(())
+}
+
+/// A webhook: any `http(s)://host...` URL.
+fn webhook_url(s: &str) -> Result<(), String> {
+    http_uri(s).map(|_| ())
 }

@@ -1,0 +1,166 @@
+//! Hot reload: good edits go in, broken ones change nothing, SIGHUP and drop work.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::files::temp_dir;
+use crate::policy::reload::{reload_now, spawn_reloader, Outcome, Trigger};
+use crate::policy::{LoadedPolicy, PolicyError, PolicyStore};
+
+/// What the callback saw: `Ok(sha256)` or `Err(message)`.
+type Seen = Arc<Mutex<Vec<Result<String, String>>>>;
+
+fn recorder() -> (
+    Seen,
+    impl Fn(Result<&LoadedPolicy, &PolicyError>) + Send + Sync + 'static,
+) {
+    let seen: Seen = Arc::default();
+    let sink = seen.clone();
+    let record = move |r: Result<&LoadedPolicy, &PolicyError>| {
+        let entry = r.map(|p| p.sha256.clone()).map_err(|e| e.message.clone());
+        sink.lock().expect("lock").push(entry);
+    };
+    (seen, record)
+}
+
+fn policy_text(active_max: usize) -> String {
+    format!("[admission]\nactive_max = {active_max}\nheavy_active_max = 1\n")
+}
+
+const BROKEN: &str = "[admission]\nactive_max = \n";
+
+/// Writes `text` the way editors do: a new file renamed over the old one.
+fn replace_file(path: &Path, text: &str) {
+    let tmp = path.with_extension("toml.tmp");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, path).expect("rename");
+}
+
+fn setup(name: &str) -> (PathBuf, Arc<PolicyStore>) {
+    let path = temp_dir(name).join("policy.toml");
+    std::fs::write(&path, policy_text(4)).expect("write");
+    let store = PolicyStore::new(LoadedPolicy::from_file(&path).expect("initial policy"));
+    (path, store)
+}
+
+/// Polls `cond` for up to 2 s.
+async fn within_2s(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..40 {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cond()
+}
+
+fn active_max(store: &PolicyStore) -> usize {
+    store.current().policy.admission.active_max
+}
+
+#[tokio::test]
+async fn watcher_applies_good_edits_and_keeps_the_last_good_policy() {
+    let (path, store) = setup("watch");
+    let (seen, record) = recorder();
+    let _handle = spawn_reloader(path.clone(), store.clone(), record).expect("reloader");
+
+    replace_file(&path, &policy_text(2));
+    assert!(
+        within_2s(|| active_max(&store) == 2).await,
+        "rename edit not applied"
+    );
+    let good_hash = store.current().sha256.clone();
+    assert!(seen.lock().expect("lock").contains(&Ok(good_hash.clone())));
+
+    std::fs::write(&path, BROKEN).expect("write");
+    let got_error = || seen.lock().expect("lock").iter().any(Result::is_err);
+    assert!(within_2s(got_error).await, "broken edit not reported");
+    let errors: Vec<String> = seen
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter_map(|r| r.clone().err())
+        .collect();
+    assert!(errors[0].contains("line 2, column 14"), "{errors:?}");
+    assert!(
+        errors[0].starts_with(&path.display().to_string()),
+        "{errors:?}"
+    );
+    assert_eq!(active_max(&store), 2);
+    assert_eq!(store.current().sha256, good_hash);
+
+    std::fs::write(&path, policy_text(6)).expect("write");
+    assert!(
+        within_2s(|| active_max(&store) == 6).await,
+        "edit after a broken one not applied"
+    );
+}
+
+#[tokio::test]
+async fn dropping_the_handle_stops_reloading() {
+    let (path, store) = setup("drop");
+    let (_seen, record) = recorder();
+    let handle = spawn_reloader(path.clone(), store.clone(), record).expect("reloader");
+    replace_file(&path, &policy_text(3));
+    assert!(within_2s(|| active_max(&store) == 3).await);
+    drop(handle);
+    replace_file(&path, &policy_text(2));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(active_max(&store), 3);
+}
+
+#[tokio::test]
+async fn sighup_reloads() {
+    let (path, store) = setup("sighup");
+    // Edited before the watcher starts, so only the signal can bring it in.
+    replace_file(&path, &policy_text(5));
+    let (_seen, record) = recorder();
+    let _handle = spawn_reloader(path.clone(), store.clone(), record).expect("reloader");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(active_max(&store), 4, "reloaded without a signal");
+    let pid = std::process::id().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status();
+    assert!(status.is_ok_and(|s| s.success()), "kill -HUP");
+    assert!(
+        within_2s(|| active_max(&store) == 5).await,
+        "SIGHUP did not reload"
+    );
+}
+
+#[test]
+fn reload_now_reports_each_outcome() {
+    let (path, store) = setup("now");
+    let (seen, record) = recorder();
+    let mut last_failed = None;
+    let mut again = |trigger| reload_now(&path, &store, &record, &mut last_failed, trigger);
+
+    assert_eq!(again(Trigger::Signal), Outcome::Unchanged);
+    std::fs::write(&path, BROKEN).expect("write");
+    assert_eq!(again(Trigger::Watch), Outcome::Refused);
+    // The same broken bytes again: quiet on a watch event, reported on SIGHUP.
+    assert_eq!(again(Trigger::Watch), Outcome::Unchanged);
+    assert_eq!(again(Trigger::Signal), Outcome::Refused);
+    std::fs::write(&path, policy_text(2)).expect("write");
+    let Outcome::Replaced(hash) = again(Trigger::Signal) else {
+        panic!("good edit not replaced");
+    };
+    assert_eq!(again(Trigger::Watch), Outcome::Unchanged);
+    std::fs::remove_file(&path).expect("remove");
+    assert_eq!(again(Trigger::Watch), Outcome::Unchanged);
+    assert_eq!(again(Trigger::Signal), Outcome::Refused);
+
+    assert_eq!(store.current().sha256, hash);
+    assert_eq!(store.current().policy.admission.active_max, 2);
+    let seen = seen.lock().expect("lock");
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert!(
+        seen[0]
+            .as_ref()
+            .is_err_and(|e| e.contains("line 2, column 14")),
+        "{seen:?}"
+    );
+    assert_eq!(seen[2], Ok(hash));
+}
