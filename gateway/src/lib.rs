@@ -1,4 +1,21 @@
 //! Sluice's gateway: an admission-controlled HTTPS front door for LLM serving.
+//!
+//! - [`app`]: the shared parts and the function that builds the tower stack.
+//! - [`middleware`]: the stack's layers, one module each.
+//! - [`forward`]: the upstream client and where requests go.
+//! - [`error`]: the one mapping from a refusal to its status and OpenAI-shaped body.
+//! - [`policy`]: the policy file, its validation and reload.
+//! - [`server`], [`routes`], [`tls`]: listening, routing, certificates.
+//! - [`bundled`]: the supervised bundled engine.
 
+pub mod app;
+pub mod body;
 pub mod bundled;
+pub mod error;
+pub mod forward;
+pub mod middleware;
 pub mod policy;
+pub mod routes;
+pub mod server;
+pub mod telemetry;
+pub mod tls;

@@ -15,21 +15,18 @@ pub use llama::{ForwardState, Llama, ModelPart};
 /// Where `scripts/fetch-model.sh` puts the bundled model, relative to the repository root.
 pub const DEFAULT_MODEL_PATH: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
-/// The default model file: under the working directory, or under the repository that holds
-/// this executable (`target/<profile>/` sits two levels below it).
+/// The default model file: [`DEFAULT_MODEL_PATH`] under the working directory or the nearest
+/// directory above it that has one, else above this executable (`target/<profile>/deps/`
+/// sits three levels below the repository).
 pub fn default_model_path() -> std::path::PathBuf {
     let here = std::path::PathBuf::from(DEFAULT_MODEL_PATH);
-    if here.exists() {
-        return here;
-    }
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| {
-            exe.ancestors()
-                .nth(3)
-                .map(|root| root.join(DEFAULT_MODEL_PATH))
-        })
-        .filter(|p| p.exists())
+    let cwd = std::env::current_dir().ok();
+    let exe = std::env::current_exe().ok();
+    cwd.iter()
+        .chain(exe.iter())
+        .flat_map(|start| start.ancestors())
+        .map(|dir| dir.join(DEFAULT_MODEL_PATH))
+        .find(|p| p.exists())
         .unwrap_or(here)
 }
 

@@ -3,8 +3,7 @@
 use super::body::Body;
 use super::error::ApiError;
 use super::generation::{
-    build_request, collect, new_id, to_json, unix_now, ChunkFormatter, Finish, SseStream,
-    Tracker,
+    build_request, collect, new_id, to_json, unix_now, ChunkFormatter, Finish, SseStream, Tracker,
 };
 use super::types::{
     AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChunkChoice, Delta, ResponseMeta,

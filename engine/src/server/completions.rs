@@ -5,8 +5,7 @@ use http::{Response, StatusCode};
 use super::body::Body;
 use super::error::ApiError;
 use super::generation::{
-    build_request, collect, new_id, to_json, unix_now, ChunkFormatter, Finish, SseStream,
-    Tracker,
+    build_request, collect, new_id, to_json, unix_now, ChunkFormatter, Finish, SseStream, Tracker,
 };
 use super::types::{Completion, CompletionChoice, ResponseMeta};
 use super::{parse, prompt, Call, State};

@@ -73,10 +73,10 @@ pub fn prompt_ids(
     template: &ChatTemplate,
 ) -> Result<Vec<u32>, PromptError> {
     let ids = match endpoint {
-        Endpoint::ChatCompletions => {
-            chat_ids(&chat_request::parse(body)?, tokenizer, template)?
+        Endpoint::ChatCompletions => chat_ids(&chat_request::parse(body)?, tokenizer, template)?,
+        Endpoint::Completions => {
+            completion_ids(parse::completion_request(body)?.prompt, tokenizer)?
         }
-        Endpoint::Completions => completion_ids(parse::completion_request(body)?.prompt, tokenizer)?,
     };
     if ids.is_empty() {
         let param = endpoint.prompt_param();

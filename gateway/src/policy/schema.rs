@@ -145,7 +145,9 @@ impl Default for Upstream {
 }
 
 /// A request's priority class.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Class {
     /// Shed first, never takes the last slot.

@@ -1,0 +1,89 @@
+//! The gateway application: its shared parts and the one function that builds the stack.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tower::util::BoxCloneSyncService;
+use tower::ServiceBuilder;
+
+use crate::body::GatewayBody;
+use crate::forward::{Forward, Upstream};
+use crate::middleware::admission::{Admission, AdmissionLayer, Limits};
+use crate::middleware::auth::Auth;
+use crate::middleware::cap::Cap;
+use crate::middleware::check::CheckLayer;
+use crate::middleware::count::{CountLayer, TokenCounter};
+use crate::middleware::parse::ParseLayer;
+use crate::middleware::rate_limit::RateLimit;
+use crate::middleware::request_id::RequestIdLayer;
+use crate::policy::PolicyStore;
+
+/// The generation stack as one service.
+pub type Stack = BoxCloneSyncService<Request<Incoming>, Response<GatewayBody>, Infallible>;
+
+/// What the stack and the server share.
+#[derive(Clone, Debug)]
+pub struct App {
+    pub policy: Arc<PolicyStore>,
+    pub admission: Arc<Admission>,
+    pub upstream: Arc<dyn Upstream>,
+    /// The model name clients see.
+    pub model: String,
+}
+
+impl App {
+    /// An app whose admission limits start from the policy in force and follow its reloads.
+    pub fn new(policy: Arc<PolicyStore>, upstream: Arc<dyn Upstream>, model: String) -> Self {
+        let admission = Admission::new(Limits::from(&policy.current().policy.admission));
+        let mut changes = policy.subscribe();
+        let follower = Arc::downgrade(&admission);
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                let limits = Limits::from(&changes.borrow_and_update().policy.admission);
+                match follower.upgrade() {
+                    Some(admission) => admission.set_limits(limits),
+                    None => break,
+                }
+            }
+        });
+        Self {
+            policy,
+            admission,
+            upstream,
+            model,
+        }
+    }
+}
+
+/// Builds the generation stack (`POST /v1/chat/completions`, `POST /v1/completions`), outermost
+/// first:
+///
+/// 1. **request id + trace** ([`crate::middleware::request_id`]): adds `RequestId` and
+///    `RequestTrace`; turns every error below into its OpenAI-shaped response.
+/// 2. **auth** ([`crate::middleware::auth`]): the API key → `Caller` (tenant, class); 401.
+/// 3. **rate limit** ([`crate::middleware::rate_limit`]): GCRA per tenant; reads `Caller`; 429.
+/// 4. **parse** ([`crate::middleware::parse`]): body limit (413) and JSON (400); the request
+///    becomes `Request<Json>`.
+/// 5. **count** ([`crate::middleware::count`]): prompt tokens with the model's tokenizer and
+///    chat template → `PromptTokens`.
+/// 6. **cap** ([`crate::middleware::cap`]): input cap and context window (400
+///    `context_length_exceeded`); `max_tokens` defaulted and clamped → `MaxTokens`.
+/// 7. **admission** ([`crate::middleware::admission`]): a slot among `active_max`, or a place
+///    in the queue, or 503 `overloaded` / `queue_timeout`; reads `Caller` and `PromptTokens`;
+///    the slot moves into the response body; adds `QueueTime`, `x-sluice-queue-ms`.
+/// 8. **forward** ([`crate::forward`]): to the upstream, streaming the response back; reads
+///    `RequestTrace` (→ `traceparent`) and `PromptTokens` (→ `x-sluice-prompt-tokens`).
+pub fn stack(app: &App, counter: Arc<dyn TokenCounter>) -> Stack {
+    let service = ServiceBuilder::new()
+        .layer(RequestIdLayer)
+        .layer(CheckLayer::new(Auth::new(app.policy.clone())))
+        .layer(CheckLayer::new(RateLimit::default()))
+        .layer(ParseLayer::new(app.policy.clone()))
+        .layer(CountLayer::new(counter))
+        .layer(CheckLayer::new(Cap::new(app.policy.clone())))
+        .layer(AdmissionLayer::new(app.admission.clone()))
+        .service(Forward::new(app.upstream.clone()));
+    BoxCloneSyncService::new(service)
+}

@@ -1,0 +1,86 @@
+//! `sluice`: the admission-controlled HTTPS gateway.
+//!
+//! - `sluice serve`: the gateway, in front of the bundled engine (started and supervised
+//!   here) or of OpenAI-compatible upstreams, as the policy says.
+//! - `sluice certs dev`: a local CA and a `localhost` certificate in `certs/`.
+//! - `sluice policy check FILE`: `ok <sha256>`, or the error a reload would log.
+
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use sluice_gateway::policy::LoadedPolicy;
+
+/// Sluice: an admission-controlled HTTPS gateway for LLM serving.
+#[derive(Parser, Debug)]
+#[command(name = "sluice", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Runs the gateway.
+    Serve(serve::ServeArgs),
+    /// Certificates.
+    #[command(subcommand)]
+    Certs(CertsCommand),
+    /// Policy files.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum CertsCommand {
+    /// Generates (again) a local CA and a server certificate for localhost, 127.0.0.1, ::1.
+    Dev {
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PolicyCommand {
+    /// Validates a policy file: prints `ok <sha256>` (exit 0) or the error (exit 1).
+    Check { file: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => match serve::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sluice: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Certs(CertsCommand::Dev { dir }) => {
+            match sluice_gateway::tls::generate_dev_certs(&dir) {
+                Ok(certs) => {
+                    println!("CA to trust: {}", certs.ca_cert.display());
+                    println!("certificate: {}", certs.cert.display());
+                    println!("key:         {}", certs.key.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("sluice: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Policy(PolicyCommand::Check { file }) => match LoadedPolicy::from_file(&file) {
+            Ok(p) => {
+                println!("ok {}", p.sha256);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                println!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}

@@ -1,0 +1,179 @@
+//! `sluice serve`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use sluice_gateway::app::{stack, App};
+use sluice_gateway::bundled::{BundledConfig, Supervisor};
+use sluice_gateway::forward::{BundledUpstream, StaticUpstream, Upstream};
+use sluice_gateway::middleware::count::GgufCounter;
+use sluice_gateway::policy::{LoadedPolicy, PolicyStore, UpstreamKind};
+use sluice_gateway::routes::Router;
+use sluice_gateway::{server, tls};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+/// Options of `sluice serve`.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// The policy file (default: policies/default.toml when it exists, else built-in defaults).
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// The GGUF model: the bundled engine runs it, and its tokenizer counts prompts.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Where to listen (overrides the policy's `server.listen`).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Serve plain HTTP instead of HTTPS (never on a network others can reach).
+    #[arg(long)]
+    plain_http: bool,
+    /// Where the development certificates are generated when the policy names none.
+    #[arg(long, default_value = "certs")]
+    certs_dir: PathBuf,
+    /// Extra arguments for the bundled engine (e.g. `--engine-arg=--threads --engine-arg=1`).
+    #[arg(long = "engine-arg", allow_hyphen_values = true)]
+    engine_args: Vec<String>,
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let loaded = load_policy(args.policy.as_deref())?;
+    tracing::info!(
+        sha256 = %loaded.sha256,
+        file = %loaded.path.as_deref().map_or("(built-in defaults)".into(), |p| p.display().to_string()),
+        "policy loaded"
+    );
+    let policy = loaded.policy.clone();
+    if policy.tenants.is_empty() {
+        tracing::warn!("no [[tenants]] in the policy: the gateway is OPEN (no API key needed)");
+    }
+    let store = PolicyStore::new(loaded);
+    let model = args
+        .model
+        .clone()
+        .unwrap_or_else(sluice_engine::model::default_model_path);
+    let counting = policy
+        .upstream
+        .tokenizer
+        .clone()
+        .unwrap_or_else(|| model.clone());
+    let counter = GgufCounter::open(&counting)
+        .with_context(|| format!("reading the tokenizer from {}", counting.display()))?;
+
+    let mut supervisor = None;
+    let upstream: Arc<dyn Upstream> = match policy.upstream.kind {
+        UpstreamKind::Bundled => {
+            let mut cfg = BundledConfig::new(BundledConfig::locate_engine_bin()?, model.clone());
+            cfg.ranks = policy.upstream.ranks;
+            cfg.start_timeout = policy.upstream.start_timeout;
+            cfg.extra_args = args.engine_args.clone();
+            let sup = Arc::new(Supervisor::start(cfg).await?);
+            tracing::info!(addr = %sup.addr(), ranks = policy.upstream.ranks, "bundled engine starting");
+            supervisor = Some(sup.clone());
+            Arc::new(BundledUpstream::new(sup)?)
+        }
+        UpstreamKind::Openai => {
+            let Some(url) = policy.upstream.urls.first() else {
+                bail!("upstream.kind = \"openai\" needs at least one URL in upstream.urls");
+            };
+            Arc::new(StaticUpstream::new(url)?)
+        }
+    };
+    let model_name = policy
+        .upstream
+        .model
+        .clone()
+        .unwrap_or_else(|| file_name(&model));
+    let app = App::new(store, upstream, model_name);
+    let router = Router {
+        stack: stack(&app, Arc::new(counter)),
+        app,
+    };
+
+    let listen = args.listen.unwrap_or(policy.server.listen);
+    let acceptor = if args.plain_http {
+        tracing::warn!("serving plain HTTP (--plain-http)");
+        None
+    } else {
+        let (cert, key) = match (&policy.server.tls_cert, &policy.server.tls_key) {
+            (Some(c), Some(k)) => (c.clone(), k.clone()),
+            _ => {
+                let (certs, created) = tls::ensure_dev_certs(&args.certs_dir)?;
+                let verb = if created { "generated" } else { "using" };
+                eprintln!(
+                    "sluice: {verb} a development certificate; trust its CA: {}",
+                    certs.ca_cert.display()
+                );
+                (certs.cert, certs.key)
+            }
+        };
+        Some(TlsAcceptor::from(tls::server_config(&cert, &key)?))
+    };
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
+    let scheme = if acceptor.is_some() { "https" } else { "http" };
+    eprintln!("sluice: listening on {scheme}://{}", listener.local_addr()?);
+    server::serve(
+        listener,
+        acceptor,
+        router,
+        shutdown_signal(),
+        policy.server.drain_timeout,
+    )
+    .await?;
+    tracing::info!("drained; stopping");
+    if let Some(sup) = supervisor.and_then(|s| Arc::try_unwrap(s).ok()) {
+        sup.shutdown().await;
+    }
+    Ok(())
+}
+
+fn load_policy(path: Option<&Path>) -> anyhow::Result<LoadedPolicy> {
+    let default = Path::new("policies/default.toml");
+    let path = match path {
+        Some(p) => p,
+        None if default.exists() => default,
+        None => return Ok(LoadedPolicy::defaults()),
+    };
+    Ok(LoadedPolicy::from_file(path)?)
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+    tracing::info!("shutting down: draining requests in flight");
+}

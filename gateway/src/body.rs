@@ -1,0 +1,23 @@
+//! The response body type every layer returns: boxed, so upstream streams and the gateway's
+//! own JSON answers share one type.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+
+/// Errors inside a response body (an upstream that broke off mid-stream).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A response body: the upstream's stream, or a whole answer from the gateway.
+pub type GatewayBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+/// A body holding `bytes`.
+pub fn full(bytes: impl Into<Bytes>) -> GatewayBody {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// A JSON response body.
+pub fn json(value: &serde_json::Value) -> GatewayBody {
+    full(value.to_string())
+}

@@ -1,0 +1,177 @@
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::*;
+
+/// Every condition, its status and code: the table `docs/api.md` lists.
+#[test]
+fn every_condition_has_its_status_and_code() {
+    let d = Duration::from_secs(3);
+    let cases: Vec<(GatewayError, StatusCode, &str)> = vec![
+        (
+            GatewayError::MissingApiKey,
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+        ),
+        (
+            GatewayError::InvalidApiKey,
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+        ),
+        (
+            GatewayError::RateLimited {
+                tenant: "a".into(),
+                rate: 1.0,
+                retry_after: d,
+            },
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_exceeded",
+        ),
+        (
+            GatewayError::TokenBudget {
+                tenant: "a".into(),
+                budget: 10,
+                needed: 20,
+                retry_after: d,
+            },
+            StatusCode::TOO_MANY_REQUESTS,
+            "tokens_per_minute_exceeded",
+        ),
+        (
+            GatewayError::BodyTooLarge { limit: 1 },
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+        ),
+        (
+            GatewayError::UnreadableBody("x".into()),
+            StatusCode::BAD_REQUEST,
+            "unreadable_body",
+        ),
+        (
+            GatewayError::InvalidJson("x".into()),
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+        ),
+        (
+            GatewayError::InvalidRequest {
+                param: None,
+                code: None,
+                message: "x".into(),
+            },
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            GatewayError::InputTooLong {
+                tokens: 2,
+                limit: 1,
+            },
+            StatusCode::BAD_REQUEST,
+            "context_length_exceeded",
+        ),
+        (
+            GatewayError::ContextWindow {
+                prompt: 2,
+                max_tokens: 2,
+                window: 3,
+                param: "max_tokens",
+            },
+            StatusCode::BAD_REQUEST,
+            "context_length_exceeded",
+        ),
+        (
+            GatewayError::Overloaded {
+                class: Class::Interactive,
+                retry_after: d,
+            },
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+        ),
+        (
+            GatewayError::QueueTimeout { waited: d },
+            StatusCode::SERVICE_UNAVAILABLE,
+            "queue_timeout",
+        ),
+        (
+            GatewayError::EngineUnavailable("x".into()),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "engine_unavailable",
+        ),
+        (
+            GatewayError::Upstream("x".into()),
+            StatusCode::BAD_GATEWAY,
+            "upstream_error",
+        ),
+        (
+            GatewayError::UpstreamTimeout(d),
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_timeout",
+        ),
+        (
+            GatewayError::NotFound {
+                method: "GET".into(),
+                path: "/x".into(),
+            },
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            GatewayError::MethodNotAllowed {
+                method: "GET".into(),
+                path: "/x".into(),
+                allow: "POST",
+            },
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            GatewayError::Internal("x".into()),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+        ),
+    ];
+    for (e, status, code) in cases {
+        let j = e.to_json();
+        assert_eq!(j["error"]["code"], code, "{e:?}");
+        assert!(j["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+        assert!(j["error"]["type"].as_str().is_some());
+        let resp = e.into_response();
+        assert_eq!(resp.status(), status, "{code}");
+        assert_eq!(resp.headers()["content-type"], "application/json");
+    }
+}
+
+#[test]
+fn retry_after_is_whole_seconds_rounded_up() {
+    let e = GatewayError::Overloaded {
+        class: Class::Batch,
+        retry_after: Duration::from_millis(2100),
+    };
+    assert_eq!(e.into_response().headers()["retry-after"], "3");
+    let e = GatewayError::Overloaded {
+        class: Class::Batch,
+        retry_after: Duration::from_millis(10),
+    };
+    assert_eq!(e.into_response().headers()["retry-after"], "1");
+}
+
+#[test]
+fn field_errors_keep_their_param_and_code() {
+    let e = GatewayError::InvalidRequest {
+        param: Some("n".into()),
+        code: Some("unsupported_parameter".into()),
+        message: "n: only n = 1 is supported".into(),
+    };
+    let j = e.to_json();
+    assert_eq!(j["error"]["param"], "n");
+    assert_eq!(j["error"]["code"], "unsupported_parameter");
+    let e = GatewayError::MethodNotAllowed {
+        method: "GET".into(),
+        path: "/v1/completions".into(),
+        allow: "POST",
+    };
+    assert_eq!(e.into_response().headers()["allow"], "POST");
+}

@@ -1,0 +1,97 @@
+//! Where requests go.
+
+use std::sync::Arc;
+
+use http::Uri;
+
+use crate::bundled::Supervisor;
+use crate::error::GatewayError;
+
+/// An upstream base address (`http://host:port`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub base: Uri,
+}
+
+impl Target {
+    /// The upstream URI of `path_and_query`.
+    pub fn uri(&self, path_and_query: &str) -> Result<Uri, GatewayError> {
+        let base = self.base.to_string();
+        format!("{}{}", base.trim_end_matches('/'), path_and_query)
+            .parse()
+            .map_err(|e| GatewayError::Internal(format!("bad upstream URI: {e}")))
+    }
+}
+
+/// The engine(s) behind the gateway.
+pub trait Upstream: Send + Sync + std::fmt::Debug + 'static {
+    /// Where the next request goes; `engine_unavailable` when nowhere is ready.
+    fn target(&self) -> Result<Target, GatewayError>;
+    /// Whether requests can be served now (`/readyz`).
+    fn is_ready(&self) -> bool;
+    /// The answer a failed connection deserves.
+    fn connect_error(&self, target: &Target, e: &dyn std::fmt::Display) -> GatewayError {
+        GatewayError::EngineUnavailable(format!("cannot reach {}: {e}", target.base))
+    }
+}
+
+/// A fixed upstream URL, assumed ready.
+#[derive(Debug)]
+pub struct StaticUpstream {
+    target: Target,
+}
+
+impl StaticUpstream {
+    pub fn new(base: &str) -> Result<Self, GatewayError> {
+        let base: Uri = base
+            .parse()
+            .map_err(|e| GatewayError::Internal(format!("bad upstream URL {base:?}: {e}")))?;
+        Ok(Self {
+            target: Target { base },
+        })
+    }
+}
+
+impl Upstream for StaticUpstream {
+    fn target(&self) -> Result<Target, GatewayError> {
+        Ok(self.target.clone())
+    }
+
+    fn is_ready(&self) -> bool {
+        true
+    }
+}
+
+/// The bundled engine, started and watched by the [`Supervisor`].
+#[derive(Debug)]
+pub struct BundledUpstream {
+    supervisor: Arc<Supervisor>,
+    target: Target,
+}
+
+impl BundledUpstream {
+    pub fn new(supervisor: Arc<Supervisor>) -> Result<Self, GatewayError> {
+        let base = format!("http://{}", supervisor.addr())
+            .parse()
+            .map_err(|e| GatewayError::Internal(format!("bad engine address: {e}")))?;
+        Ok(Self {
+            supervisor,
+            target: Target { base },
+        })
+    }
+}
+
+impl Upstream for BundledUpstream {
+    fn target(&self) -> Result<Target, GatewayError> {
+        if !self.supervisor.is_ready() {
+            return Err(GatewayError::EngineUnavailable(
+                "the bundled engine is starting or restarting".into(),
+            ));
+        }
+        Ok(self.target.clone())
+    }
+
+    fn is_ready(&self) -> bool {
+        self.supervisor.is_ready()
+    }
+}

@@ -1,0 +1,89 @@
+//! The admission service: takes a slot (waiting in the queue if need be), then calls the
+//! upstream and moves the slot into the response body.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{HeaderValue, Request, Response};
+use http_body_util::BodyExt;
+use tower::{Service, ServiceExt};
+
+use super::queue::{Admission, Ticket};
+use super::slot::SlotBody;
+use super::wait::acquire;
+use crate::body::GatewayBody;
+use crate::error::GatewayError;
+use crate::middleware::auth::Caller;
+use crate::middleware::count::PromptTokens;
+
+/// The response header with the time spent queued, in whole milliseconds.
+pub const QUEUE_MS_HEADER: &str = "x-sluice-queue-ms";
+
+/// How long a request waited for its slot (a request extension, set once admitted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueTime(pub std::time::Duration);
+
+/// Admits requests to `inner` under the [`Admission`] limits.
+#[derive(Clone, Debug)]
+pub struct Admit<S> {
+    inner: S,
+    admission: Arc<Admission>,
+}
+
+impl<S> Admit<S> {
+    pub fn new(inner: S, admission: Arc<Admission>) -> Self {
+        Self { inner, admission }
+    }
+}
+
+impl<S, B> Service<Request<B>> for Admit<S>
+where
+    S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response<GatewayBody>;
+    type Error = GatewayError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<GatewayBody>, GatewayError>> + Send>>;
+
+    /// Ready while a request could be granted or queued; otherwise parked until the queue
+    /// changes — the backpressure [`super::Shed`] turns into an immediate `overloaded`.
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        if !self.admission.accepting(cx.waker()) {
+            return Poll::Pending;
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let ticket = Ticket {
+            class: req
+                .extensions()
+                .get::<Caller>()
+                .map(|c| c.class)
+                .unwrap_or_default(),
+            prompt_tokens: req.extensions().get::<PromptTokens>().map_or(0, |p| p.0),
+        };
+        let admission = self.admission.clone();
+        // The clone that was driven to ready is the one called; a fresh clone stays here.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let admitted = acquire(admission, ticket).await?;
+            req.extensions_mut().insert(QueueTime(admitted.queued));
+            let resp = inner.oneshot(req).await?;
+            let (mut parts, body) = resp.into_parts();
+            parts.headers.insert(
+                QUEUE_MS_HEADER,
+                HeaderValue::from(admitted.queued.as_millis() as u64),
+            );
+            let body = SlotBody::new(body, admitted.permit).boxed_unsync();
+            Ok(Response::from_parts(parts, body))
+        })
+    }
+}

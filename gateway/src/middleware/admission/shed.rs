@@ -1,0 +1,71 @@
+//! Load shedding: when admission is not ready (queue full), answer `overloaded` at once
+//! instead of letting the request wait outside the queue, where nobody counts or bounds it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower::Service;
+
+use super::queue::Admission;
+use crate::body::GatewayBody;
+use crate::error::GatewayError;
+use crate::middleware::auth::Caller;
+
+/// Sheds calls made while the inner service was not ready.
+#[derive(Clone, Debug)]
+pub struct Shed<S> {
+    inner: S,
+    admission: Arc<Admission>,
+    shed: bool,
+}
+
+impl<S> Shed<S> {
+    pub fn new(inner: S, admission: Arc<Admission>) -> Self {
+        Self {
+            inner,
+            admission,
+            shed: false,
+        }
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B> Service<Request<B>> for Shed<S>
+where
+    S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<GatewayBody>;
+    type Error = GatewayError;
+    type Future = BoxFuture<Result<Response<GatewayBody>, GatewayError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        match self.inner.poll_ready(cx) {
+            Poll::Pending => {
+                self.shed = true;
+                Poll::Ready(Ok(()))
+            }
+            ready => {
+                self.shed = false;
+                ready
+            }
+        }
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        if std::mem::take(&mut self.shed) {
+            let class = req
+                .extensions()
+                .get::<Caller>()
+                .map(|c| c.class)
+                .unwrap_or_default();
+            let err = self.admission.overloaded(class);
+            return Box::pin(async move { Err(err) });
+        }
+        Box::pin(self.inner.call(req))
+    }
+}

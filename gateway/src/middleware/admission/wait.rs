@@ -1,0 +1,83 @@
+//! Waiting in the queue: until a slot is granted, the queue sheds the waiter, the deadline
+//! passes, or the client goes away (the future is dropped, which leaves the queue).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::queue::{Admission, Arrival, Permit, Ticket};
+use crate::error::GatewayError;
+
+/// A slot, and how long the request waited for it.
+#[derive(Debug)]
+pub struct Admitted {
+    pub permit: Permit,
+    pub queued: Duration,
+}
+
+/// Takes a slot for `ticket`, waiting in the queue when there is none free.
+pub async fn acquire(admission: Arc<Admission>, ticket: Ticket) -> Result<Admitted, GatewayError> {
+    let arrived = Instant::now();
+    let (id, rx, deadline) = match admission.arrive(ticket)? {
+        Arrival::Granted(permit) => {
+            return Ok(Admitted {
+                permit,
+                queued: Duration::ZERO,
+            })
+        }
+        Arrival::Queued { id, rx, deadline } => (id, rx, deadline),
+    };
+    let mut place = Place {
+        admission,
+        id,
+        rx: Some(rx),
+    };
+    let answer = match tokio::time::timeout_at(deadline, place.rx()).await {
+        Ok(answer) => answer,
+        Err(_elapsed) if place.admission.leave(id) => {
+            place.rx = None;
+            return Err(GatewayError::QueueTimeout {
+                waited: arrived.elapsed(),
+            });
+        }
+        // Granted or shed just as the deadline passed: the answer is in the channel.
+        Err(_elapsed) => place.rx().await,
+    };
+    place.rx = None;
+    let permit = answer?;
+    Ok(Admitted {
+        permit,
+        queued: arrived.elapsed(),
+    })
+}
+
+/// A place in the queue, given up when dropped before its answer came.
+struct Place {
+    admission: Arc<Admission>,
+    id: u64,
+    rx: Option<oneshot::Receiver<Result<Permit, GatewayError>>>,
+}
+
+impl Place {
+    async fn rx(&mut self) -> Result<Permit, GatewayError> {
+        let Some(rx) = self.rx.as_mut() else {
+            return Err(GatewayError::Internal(
+                "queue place already answered".into(),
+            ));
+        };
+        rx.await
+            .unwrap_or_else(|_| Err(GatewayError::Internal("admission queue dropped".into())))
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if self.rx.is_some() {
+            // The lock is taken and released inside `leave`, before `rx` drops: a permit
+            // already sent through it then frees its slot without deadlocking.
+            self.admission.leave(self.id);
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! API-key auth (stack layer 2): the key's SHA-256 is compared, in constant time, with every
+//! tenant's `api_key_sha256`. With no tenants in the policy the gateway is open.
+//!
+//! Adds the [`Caller`] extension: the tenant and its priority class, lowered (never raised)
+//! by an `x-sluice-priority: batch` header.
+
+use std::sync::Arc;
+
+use http::{header, Request};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::check::Check;
+use crate::error::GatewayError;
+use crate::policy::{Class, PolicyStore, Tenant};
+
+/// The header a caller may use to lower its priority.
+pub const PRIORITY_HEADER: &str = "x-sluice-priority";
+
+/// Who is calling (a request extension).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Caller {
+    /// The tenant; none when the gateway runs open.
+    pub tenant: Option<Arc<Tenant>>,
+    pub class: Class,
+}
+
+impl Caller {
+    /// The tenant's name, or `"anonymous"`.
+    pub fn name(&self) -> &str {
+        self.tenant.as_ref().map_or("anonymous", |t| &t.name)
+    }
+}
+
+/// Checks the API key against the policy in force.
+#[derive(Clone, Debug)]
+pub struct Auth {
+    policy: Arc<PolicyStore>,
+}
+
+impl Auth {
+    pub fn new(policy: Arc<PolicyStore>) -> Self {
+        Self { policy }
+    }
+}
+
+impl<B> Check<B> for Auth {
+    fn check(&self, req: &mut Request<B>) -> Result<(), GatewayError> {
+        let policy = self.policy.current();
+        let tenants = &policy.policy.tenants;
+        let tenant = if tenants.is_empty() {
+            None
+        } else {
+            let key = presented_key(req).ok_or(GatewayError::MissingApiKey)?;
+            let found = find_tenant(tenants, key).ok_or(GatewayError::InvalidApiKey)?;
+            Some(Arc::new(found.clone()))
+        };
+        let own = tenant.as_ref().map_or(Class::Interactive, |t| t.class);
+        let asked = req
+            .headers()
+            .get(PRIORITY_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(Class::parse);
+        // A caller may lower its class, never raise it.
+        let class = asked.map_or(own, |c| c.min(own));
+        req.extensions_mut().insert(Caller { tenant, class });
+        Ok(())
+    }
+}
+
+/// The key from `Authorization: Bearer KEY` or `x-api-key: KEY`.
+fn presented_key<B>(req: &Request<B>) -> Option<&str> {
+    let h = req.headers();
+    if let Some(v) = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        let v = v.trim();
+        let (scheme, key) = v.split_once(' ')?;
+        return scheme.eq_ignore_ascii_case("bearer").then(|| key.trim());
+    }
+    h.get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+}
+
+/// The tenant whose key hashes to `key`'s SHA-256. Every tenant is compared, each in constant
+/// time, so the time taken says nothing about which (or how much of a) hash matched.
+pub fn find_tenant<'a>(tenants: &'a [Tenant], key: &str) -> Option<&'a Tenant> {
+    let digest = hex(&Sha256::digest(key.as_bytes()));
+    let mut found = None;
+    for t in tenants {
+        let same: bool = t
+            .api_key_sha256
+            .to_ascii_lowercase()
+            .as_bytes()
+            .ct_eq(digest.as_bytes())
+            .into();
+        if same && found.is_none() {
+            found = Some(t);
+        }
+    }
+    found
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests;

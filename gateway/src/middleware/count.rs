@@ -1,0 +1,155 @@
+//! Token counting (stack layer 5): the prompt is counted with the model's own tokenizer after
+//! the chat template (tools included) — the same code the bundled engine runs, so the count
+//! equals the engine's `usage.prompt_tokens`. Adds the [`PromptTokens`] extension.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::Request;
+use sluice_engine::model::chat::ChatTemplate;
+use sluice_engine::model::gguf::GgufFile;
+use sluice_engine::model::tokenizer::Tokenizer;
+use sluice_engine::server::prompt::{prompt_ids, Endpoint};
+use tower::{Layer, Service, ServiceExt};
+
+use super::parse::Json;
+use crate::error::GatewayError;
+
+/// The response header with the prompt's token count taken on arrival.
+pub const PROMPT_TOKENS_HEADER: &str = "x-sluice-prompt-tokens";
+
+/// Bodies larger than this are counted on the blocking pool, off the I/O threads.
+const INLINE_BYTES: usize = 16 << 10;
+
+/// A request's prompt length in tokens (a request extension).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptTokens(pub usize);
+
+/// Counts the prompt tokens of a parsed request.
+pub trait TokenCounter: Send + Sync + 'static {
+    /// The prompt's length; an error when the request cannot be rendered into a prompt.
+    fn count(&self, endpoint: Endpoint, body: &serde_json::Value) -> Result<usize, GatewayError>;
+}
+
+/// Counts with a GGUF model's tokenizer and chat template.
+#[derive(Debug)]
+pub struct GgufCounter {
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+}
+
+impl GgufCounter {
+    /// Reads the tokenizer and chat template of the GGUF at `path` (the weights stay unread).
+    pub fn open(path: &std::path::Path) -> Result<Self, sluice_engine::Error> {
+        let gguf = GgufFile::open(path)?;
+        Ok(Self {
+            tokenizer: Tokenizer::from_gguf(&gguf)?,
+            template: ChatTemplate::from_gguf(&gguf)?,
+        })
+    }
+}
+
+impl TokenCounter for GgufCounter {
+    fn count(&self, endpoint: Endpoint, body: &serde_json::Value) -> Result<usize, GatewayError> {
+        Ok(prompt_ids(endpoint, body, &self.tokenizer, &self.template)?.len())
+    }
+}
+
+/// The layer.
+#[derive(Clone)]
+pub struct CountLayer {
+    counter: Arc<dyn TokenCounter>,
+}
+
+impl std::fmt::Debug for CountLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CountLayer").finish_non_exhaustive()
+    }
+}
+
+impl CountLayer {
+    pub fn new(counter: Arc<dyn TokenCounter>) -> Self {
+        Self { counter }
+    }
+}
+
+impl<S> Layer<S> for CountLayer {
+    type Service = Count<S>;
+
+    fn layer(&self, inner: S) -> Count<S> {
+        Count {
+            inner,
+            counter: self.counter.clone(),
+        }
+    }
+}
+
+/// Counts, then calls the inner service.
+#[derive(Clone)]
+pub struct Count<S> {
+    inner: S,
+    counter: Arc<dyn TokenCounter>,
+}
+
+impl<S> std::fmt::Debug for Count<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Count").finish_non_exhaustive()
+    }
+}
+
+impl<S> Service<Request<Json>> for Count<S>
+where
+    S: Service<Request<Json>, Error = GatewayError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = GatewayError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, GatewayError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Json>) -> Self::Future {
+        let counter = self.counter.clone();
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let (mut parts, json) = req.into_parts();
+            let (tokens, json) = count(counter, json).await?;
+            parts.extensions.insert(PromptTokens(tokens));
+            inner.oneshot(Request::from_parts(parts, json)).await
+        })
+    }
+}
+
+/// Counts `json`'s prompt, on the blocking pool when the body is large.
+async fn count(counter: Arc<dyn TokenCounter>, json: Json) -> Result<(usize, Json), GatewayError> {
+    // A cheap upper bound on the body's size: the serialized length of its strings.
+    if approx_len(&json.value) <= INLINE_BYTES {
+        let n = counter.count(json.endpoint, &json.value)?;
+        return Ok((n, json));
+    }
+    tokio::task::spawn_blocking(move || {
+        let n = counter.count(json.endpoint, &json.value)?;
+        Ok((n, json))
+    })
+    .await
+    .map_err(|e| GatewayError::Internal(format!("token counting failed: {e}")))?
+}
+
+/// Roughly how many bytes of text `v` holds.
+fn approx_len(v: &serde_json::Value) -> usize {
+    use serde_json::Value::*;
+    match v {
+        String(s) => s.len(),
+        Array(a) => a.iter().map(approx_len).sum::<usize>() + a.len(),
+        Object(o) => o.iter().map(|(k, v)| k.len() + approx_len(v)).sum(),
+        _ => 8,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,126 @@
+//! Counting with the real model's tokenizer and chat template.
+
+use std::sync::{Arc, OnceLock};
+
+use serde_json::json;
+use sluice_engine::model::default_model_path;
+
+use super::*;
+
+fn counter() -> Arc<GgufCounter> {
+    static COUNTER: OnceLock<Arc<GgufCounter>> = OnceLock::new();
+    COUNTER
+        .get_or_init(|| Arc::new(GgufCounter::open(&default_model_path()).expect("the model")))
+        .clone()
+}
+
+#[test]
+fn chat_prompts_count_through_the_template() {
+    let c = counter();
+    let one = c
+        .count(
+            Endpoint::ChatCompletions,
+            &json!({"messages": [{"role": "user", "content": "Hello"}]}),
+        )
+        .expect("count");
+    let two = c
+        .count(
+            Endpoint::ChatCompletions,
+            &json!({"messages": [{"role": "user", "content": "Hello Hello"}]}),
+        )
+        .expect("count");
+    // The template adds the system prompt and role markers around the content.
+    assert!(one > 10, "{one}");
+    assert_eq!(two, one + 1);
+    let tools = c
+        .count(
+            Endpoint::ChatCompletions,
+            &json!({"messages": [{"role": "user", "content": "Hello"}],
+                    "tools": [{"type": "function", "function": {"name": "get_weather",
+                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]}),
+        )
+        .expect("count");
+    assert!(
+        tools > one + 10,
+        "tools are part of the prompt: {tools} vs {one}"
+    );
+}
+
+#[test]
+fn completion_prompts_count_text_and_token_ids() {
+    let c = counter();
+    let ids: Vec<u32> = (100..200).collect();
+    assert_eq!(
+        c.count(Endpoint::Completions, &json!({"prompt": ids}))
+            .expect("count"),
+        100
+    );
+}
+
+/// Every prompt of llama.cpp's golden tokenizations counts as many tokens as llama.cpp made
+/// (except those with special-token text, which `/v1/completions` reads as plain text).
+#[test]
+fn completion_counts_match_llama_cpp_golden_tokenizations() {
+    let c = counter();
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/golden/tokenize.jsonl"
+    );
+    let text = std::fs::read_to_string(path).expect("shared/golden/tokenize.jsonl");
+    let mut n = 0;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let rec: serde_json::Value = serde_json::from_str(line).expect("json");
+        if rec["prompt"].as_str().is_some_and(|p| p.contains("<|")) {
+            continue;
+        }
+        let want = rec["prompt_tokens"].as_array().expect("tokens").len();
+        if want == 0 {
+            // The engine refuses an empty prompt; so does the count.
+            assert!(c
+                .count(Endpoint::Completions, &json!({"prompt": ""}))
+                .is_err());
+            continue;
+        }
+        let want = rec["prompt_tokens"].as_array().expect("tokens").len();
+        let got = c
+            .count(Endpoint::Completions, &json!({"prompt": rec["prompt"]}))
+            .expect("count");
+        assert_eq!(got, want, "{}", rec["prompt"]);
+        n += 1;
+    }
+    assert!(n >= 8, "{n} records");
+}
+
+#[test]
+fn invalid_requests_are_400_naming_the_field() {
+    let c = counter();
+    let e = c
+        .count(
+            Endpoint::ChatCompletions,
+            &json!({"messages": [{"role": "user", "content": 42}]}),
+        )
+        .expect_err("bad content");
+    let GatewayError::InvalidRequest { param, .. } = &e else {
+        panic!("{e:?}");
+    };
+    assert_eq!(param.as_deref(), Some("messages[0].content"));
+    let e = c
+        .count(Endpoint::Completions, &json!({"prompt": [99999999]}))
+        .expect_err("out of vocabulary");
+    assert!(e.to_string().contains("outside the vocabulary"), "{e}");
+}
+
+#[tokio::test]
+async fn large_bodies_count_off_the_io_threads_with_the_same_result() {
+    let c: Arc<dyn TokenCounter> = counter();
+    let text = "word ".repeat(5000);
+    let json = Json {
+        endpoint: Endpoint::Completions,
+        value: json!({ "prompt": text }),
+    };
+    assert!(approx_len(&json.value) > INLINE_BYTES);
+    let direct = c.count(json.endpoint, &json.value).expect("count");
+    let (n, back) = count(c, json.clone()).await.expect("count");
+    assert_eq!(n, direct);
+    assert_eq!(back, json);
+}

@@ -1,0 +1,106 @@
+//! Body limit and JSON parsing (stack layer 4): reads the whole body (413 past
+//! `server.body_limit_bytes`), parses it (400 naming the line and column), and makes the
+//! request a [`Json`] one for the layers after it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::Request;
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use sluice_engine::server::prompt::Endpoint;
+use tower::{Layer, Service, ServiceExt};
+
+use crate::error::GatewayError;
+use crate::policy::PolicyStore;
+
+/// A parsed request body, and the endpoint it is for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Json {
+    pub endpoint: Endpoint,
+    pub value: serde_json::Value,
+}
+
+/// The layer.
+#[derive(Clone, Debug)]
+pub struct ParseLayer {
+    policy: Arc<PolicyStore>,
+}
+
+impl ParseLayer {
+    pub fn new(policy: Arc<PolicyStore>) -> Self {
+        Self { policy }
+    }
+}
+
+impl<S> Layer<S> for ParseLayer {
+    type Service = Parse<S>;
+
+    fn layer(&self, inner: S) -> Parse<S> {
+        Parse {
+            inner,
+            policy: self.policy.clone(),
+        }
+    }
+}
+
+/// Reads and parses the body, then calls the inner service with it.
+#[derive(Clone, Debug)]
+pub struct Parse<S> {
+    inner: S,
+    policy: Arc<PolicyStore>,
+}
+
+impl<S, B> Service<Request<B>> for Parse<S>
+where
+    S: Service<Request<Json>, Error = GatewayError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    type Response = S::Response;
+    type Error = GatewayError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, GatewayError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let limit = self.policy.current().policy.server.body_limit_bytes;
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let endpoint =
+                Endpoint::from_path(parts.uri.path()).ok_or_else(|| GatewayError::NotFound {
+                    method: parts.method.to_string(),
+                    path: parts.uri.path().to_owned(),
+                })?;
+            let bytes = read_body(body, limit).await?;
+            let value = serde_json::from_slice(&bytes)
+                .map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
+            let req = Request::from_parts(parts, Json { endpoint, value });
+            inner.oneshot(req).await
+        })
+    }
+}
+
+/// The whole body, at most `limit` bytes.
+pub async fn read_body<B>(body: B, limit: usize) -> Result<bytes::Bytes, GatewayError>
+where
+    B: Body,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(GatewayError::BodyTooLarge { limit }),
+        Err(e) => Err(GatewayError::UnreadableBody(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,128 @@
+//! Request id, W3C trace context and rescue (stack layer 1, the outermost).
+//!
+//! - Adds [`RequestId`] (the client's `x-request-id` when it is sane, else a new one) and
+//!   [`RequestTrace`] (the caller's trace from `traceparent`, or a new one, with the gateway's
+//!   own span id) to the request.
+//! - Turns every [`GatewayError`] from the layers below into its response (through
+//!   [`GatewayError::into_response`], the one mapping) and logs it.
+//! - Sets `x-request-id` and `traceparent` on every response.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{HeaderValue, Request, Response};
+use sluice_engine::trace::{new_id, to_hex, TraceContext};
+use tower::{Layer, Service, ServiceExt};
+
+use crate::body::GatewayBody;
+use crate::error::GatewayError;
+
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// The request's id (an extension).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestId(pub Arc<str>);
+
+/// The request's place in a trace (an extension): its trace and the gateway's span in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestTrace {
+    /// The caller's context, if it sent one.
+    pub parent: Option<TraceContext>,
+    /// The gateway's `gateway.request` span: the parent of everything downstream.
+    pub span: TraceContext,
+}
+
+impl RequestTrace {
+    /// The trace of a request with `traceparent` header `header` (if any).
+    pub fn from_header(header: Option<&str>) -> Self {
+        let parent = header.and_then(TraceContext::parse);
+        let span_id = new_id::<8>();
+        let span = match parent {
+            Some(p) => p.child(span_id),
+            None => TraceContext {
+                trace_id: new_id::<16>(),
+                parent_id: span_id,
+                flags: 1,
+            },
+        };
+        Self { parent, span }
+    }
+}
+
+/// The layer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RequestIdLayer;
+
+impl<S> Layer<S> for RequestIdLayer {
+    type Service = RequestIdService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RequestIdService { inner }
+    }
+}
+
+/// The service.
+#[derive(Clone, Debug)]
+pub struct RequestIdService<S> {
+    inner: S,
+}
+
+impl<S, B> Service<Request<B>> for RequestIdService<S>
+where
+    S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response<GatewayBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<GatewayBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Readiness is decided per request, below (a refusal is an answer, not an error).
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let id = req
+            .headers()
+            .get(REQUEST_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|s| !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic()))
+            .map_or_else(|| to_hex(&new_id::<16>()), str::to_owned);
+        let trace = RequestTrace::from_header(
+            req.headers()
+                .get("traceparent")
+                .and_then(|v| v.to_str().ok()),
+        );
+        let id = RequestId(id.into());
+        req.extensions_mut().insert(id.clone());
+        req.extensions_mut().insert(trace);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut resp = match inner.oneshot(req).await {
+                Ok(resp) => resp,
+                Err(e) => {
+                    e.log(&id.0);
+                    e.into_response()
+                }
+            };
+            let h = resp.headers_mut();
+            if let Ok(v) = HeaderValue::from_str(&id.0) {
+                h.insert(REQUEST_ID_HEADER, v);
+            }
+            if let Ok(v) = HeaderValue::from_str(&trace.span.to_string()) {
+                h.insert("traceparent", v);
+            }
+            Ok(resp)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

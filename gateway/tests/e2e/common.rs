@@ -1,0 +1,265 @@
+//! The harness: the real gateway (TLS, stack, server) on `127.0.0.1:0`, a scripted upstream,
+//! and an HTTPS client that trusts the generated development CA.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls_pki_types::ServerName;
+use serde_json::Value;
+use sluice_gateway::app::{stack, App};
+use sluice_gateway::forward::{StaticUpstream, Upstream};
+use sluice_gateway::middleware::count::GgufCounter;
+use sluice_gateway::policy::{LoadedPolicy, Policy, PolicyStore};
+use sluice_gateway::routes::Router;
+use sluice_gateway::{server, tls};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+/// The development certificates, generated once per test process.
+pub fn certs() -> &'static tls::DevCerts {
+    static CERTS: OnceLock<tls::DevCerts> = OnceLock::new();
+    CERTS.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("sluice-e2e-certs-{}", std::process::id()));
+        tls::generate_dev_certs(&dir).expect("dev certs")
+    })
+}
+
+/// The real model's tokenizer, read once.
+pub fn counter() -> Arc<GgufCounter> {
+    static COUNTER: OnceLock<Arc<GgufCounter>> = OnceLock::new();
+    COUNTER
+        .get_or_init(|| {
+            Arc::new(GgufCounter::open(&sluice_engine::model::default_model_path()).expect("model"))
+        })
+        .clone()
+}
+
+/// A running gateway.
+pub struct Gateway {
+    pub addr: SocketAddr,
+    pub app: App,
+    stop: Option<oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Gateway {
+    /// Starts a gateway over HTTPS with `policy` in front of `upstream`.
+    pub async fn start(policy: Policy, upstream: Arc<dyn Upstream>) -> Self {
+        let mut loaded = LoadedPolicy::defaults();
+        loaded.policy = policy;
+        let store = PolicyStore::new(loaded);
+        let app = App::new(store, upstream, "SmolLM2-135M-Instruct.Q4_1.gguf".into());
+        let router = Router {
+            stack: stack(&app, counter()),
+            app: app.clone(),
+        };
+        let c = certs();
+        let acceptor = TlsAcceptor::from(tls::server_config(&c.cert, &c.key).expect("tls"));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let done = tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            server::serve(
+                listener,
+                Some(acceptor),
+                router,
+                shutdown,
+                Duration::from_secs(30),
+            )
+            .await
+            .expect("serve");
+        });
+        Self {
+            addr,
+            app,
+            stop: Some(stop),
+            done: Some(done),
+        }
+    }
+
+    /// Stops accepting and waits for the requests in flight.
+    pub async fn shutdown(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(d) = self.done.take() {
+            d.await.expect("server task");
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(self.addr, &["h2", "http/1.1"])
+    }
+}
+
+/// An HTTPS client of one connection per request.
+#[derive(Clone)]
+pub struct Client {
+    addr: SocketAddr,
+    connector: TlsConnector,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Client {
+    pub fn new(addr: SocketAddr, alpn: &[&str]) -> Self {
+        let mut cfg = (*tls::client_config(&certs().ca_cert).expect("client config")).clone();
+        cfg.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+        Self {
+            addr,
+            connector: TlsConnector::from(Arc::new(cfg)),
+            headers: Vec::new(),
+        }
+    }
+
+    pub fn with_header(mut self, k: &str, v: &str) -> Self {
+        self.headers.push((k.into(), v.into()));
+        self
+    }
+
+    /// Sends a request; the response body is left to the caller (it may stream).
+    pub async fn send(&self, method: &str, path: &str, body: Option<&Value>) -> Response<Incoming> {
+        let tcp = TcpStream::connect(self.addr).await.expect("connect");
+        let name = ServerName::try_from("localhost").expect("name");
+        let tls = self.connector.connect(name, tcp).await.expect("handshake");
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("https://localhost:{}{path}", self.addr.port()));
+        for (k, v) in &self.headers {
+            req = req.header(k, v);
+        }
+        let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+        if body.is_some() {
+            req = req.header("content-type", "application/json");
+        }
+        let req = req.body(Full::new(bytes)).expect("request");
+        let io = TokioIo::new(tls);
+        if h2 {
+            let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .expect("h2 handshake");
+            tokio::spawn(conn);
+            send.send_request(req).await.expect("response")
+        } else {
+            let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .expect("h1 handshake");
+            tokio::spawn(conn);
+            send.send_request(req).await.expect("response")
+        }
+    }
+
+    /// Sends and reads the whole answer as JSON (or a string value when it is not JSON).
+    pub async fn json(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> (StatusCode, http::HeaderMap, Value) {
+        let resp = self.send(method, path, body).await;
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        let v = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        (status, headers, v)
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (StatusCode, http::HeaderMap, Value) {
+        self.json("POST", path, Some(body)).await
+    }
+}
+
+/// A request as the scripted upstream saw it, with the sender of its streamed body.
+pub struct Arrival {
+    pub body: Value,
+    pub headers: http::HeaderMap,
+    pub at: tokio::time::Instant,
+    /// Chunks for the response body; dropping it ends the body.
+    pub tx: http_body_util::channel::Sender<Bytes, Infallible>,
+}
+
+/// An OpenAI-compatible upstream the test scripts: every request is answered 200 with a
+/// streamed body the test writes through [`Arrival::tx`].
+pub struct ScriptedUpstream {
+    pub addr: SocketAddr,
+    pub arrivals: mpsc::UnboundedReceiver<Arrival>,
+}
+
+impl ScriptedUpstream {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, arrivals) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let tx = tx.clone();
+                        async move {
+                            let (parts, b) = req.into_parts();
+                            let bytes = b.collect().await.expect("body").to_bytes();
+                            let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                            let (chunks, out) = http_body_util::channel::Channel::new(8);
+                            let _ = tx.send(Arrival {
+                                body,
+                                headers: parts.headers,
+                                at: tokio::time::Instant::now(),
+                                tx: chunks,
+                            });
+                            let mut resp = Response::new(out);
+                            resp.headers_mut().insert(
+                                "content-type",
+                                http::HeaderValue::from_static("text/event-stream"),
+                            );
+                            Ok::<_, Infallible>(resp)
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Self { addr, arrivals }
+    }
+
+    pub fn upstream(&self) -> Arc<dyn Upstream> {
+        Arc::new(StaticUpstream::new(&format!("http://{}", self.addr)).expect("url"))
+    }
+
+    /// The next arrival within `within`, if any.
+    pub async fn next(&mut self, within: Duration) -> Option<Arrival> {
+        tokio::time::timeout(within, self.arrivals.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+}
+
+/// Waits until `cond` holds (checked every 10 ms), at most `limit`.
+pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cond()
+}

@@ -1,0 +1,6 @@
+//! End-to-end tests of the gateway over HTTPS: against a scripted upstream (`scripted`) and
+//! against the real bundled engine (`bundled`).
+
+mod bundled;
+mod common;
+mod scripted;
