@@ -2,16 +2,21 @@
 CARGO ?= cargo
 THREADS ?= 2
 
-.PHONY: run chat test fetch-model build lint bench
+.PHONY: run engine chat test fetch-model build lint bench
 fetch-model:
 	./scripts/fetch-model.sh
 
 build:
 	$(CARGO) build --release --workspace
 
-## Runs Sluice's bundled engine on the real model: rank 0 with the OpenAI-compatible API on
-## 127.0.0.1:8000, ranks 1 and 2 as child processes (the gateway in front lands with its own issue).
+## Runs Sluice: the HTTPS gateway on https://127.0.0.1:8443 (policies/default.toml), which
+## starts and supervises the bundled three-rank engine on the real model. On first run it
+## generates a development CA in certs/ and prints the path to trust.
 run: fetch-model build
+	./target/release/sluice serve $${LISTEN:+--listen $$LISTEN}
+
+## The bundled engine alone, without the gateway: OpenAI API on 127.0.0.1:8000.
+engine: fetch-model build
 	./target/release/sluice-engine serve --ranks 3 --listen $${LISTEN:-127.0.0.1:8000}
 
 ## A one-shot chat answer from the engine, no server.

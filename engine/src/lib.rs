@@ -15,6 +15,7 @@ pub mod generate;
 pub mod kv;
 pub mod model;
 pub mod pipeline;
+pub mod prom;
 pub mod scheduler;
 pub mod server;
 pub mod trace;

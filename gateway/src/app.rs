@@ -19,6 +19,7 @@ use crate::middleware::parse::ParseLayer;
 use crate::middleware::rate_limit::RateLimit;
 use crate::middleware::request_id::RequestIdLayer;
 use crate::policy::PolicyStore;
+use crate::telemetry::Metrics;
 
 /// The generation stack as one service.
 pub type Stack = BoxCloneSyncService<Request<Incoming>, Response<GatewayBody>, Infallible>;
@@ -29,6 +30,7 @@ pub struct App {
     pub policy: Arc<PolicyStore>,
     pub admission: Arc<Admission>,
     pub upstream: Arc<dyn Upstream>,
+    pub metrics: Arc<Metrics>,
     /// The model name clients see.
     pub model: String,
 }
@@ -52,6 +54,7 @@ impl App {
             policy,
             admission,
             upstream,
+            metrics: Arc::default(),
             model,
         }
     }
@@ -60,8 +63,9 @@ impl App {
 /// Builds the generation stack (`POST /v1/chat/completions`, `POST /v1/completions`), outermost
 /// first:
 ///
-/// 1. **request id + trace** ([`crate::middleware::request_id`]): adds `RequestId` and
-///    `RequestTrace`; turns every error below into its OpenAI-shaped response.
+/// 1. **request id + trace + outcome** ([`crate::middleware::request_id`]): adds `RequestId`
+///    and `RequestTrace`; turns every error below into its OpenAI-shaped response; counts the
+///    request accepted and records its outcome.
 /// 2. **auth** ([`crate::middleware::auth`]): the API key → `Caller` (tenant, class); 401.
 /// 3. **rate limit** ([`crate::middleware::rate_limit`]): GCRA per tenant; reads `Caller`; 429.
 /// 4. **parse** ([`crate::middleware::parse`]): body limit (413) and JSON (400); the request
@@ -77,13 +81,13 @@ impl App {
 ///    `RequestTrace` (→ `traceparent`) and `PromptTokens` (→ `x-sluice-prompt-tokens`).
 pub fn stack(app: &App, counter: Arc<dyn TokenCounter>) -> Stack {
     let service = ServiceBuilder::new()
-        .layer(RequestIdLayer)
+        .layer(RequestIdLayer::new(app.metrics.clone()))
         .layer(CheckLayer::new(Auth::new(app.policy.clone())))
         .layer(CheckLayer::new(RateLimit::default()))
         .layer(ParseLayer::new(app.policy.clone()))
         .layer(CountLayer::new(counter))
         .layer(CheckLayer::new(Cap::new(app.policy.clone())))
-        .layer(AdmissionLayer::new(app.admission.clone()))
+        .layer(AdmissionLayer::new(app.admission.clone(), app.metrics.clone()))
         .service(Forward::new(app.upstream.clone()));
     BoxCloneSyncService::new(service)
 }

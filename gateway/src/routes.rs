@@ -7,6 +7,7 @@
 //! | `GET /healthz` | 200 while the gateway runs (liveness) |
 //! | `GET /readyz` | 200 when the upstream (every engine rank) is ready, else 503 |
 //! | `GET /metrics` | Prometheus text |
+//! | `GET /admin/policy` | the policy in force: hash, load time, effective values (admin key) |
 
 use std::convert::Infallible;
 
@@ -18,9 +19,8 @@ use tower::ServiceExt;
 use crate::app::{App, Stack};
 use crate::body::{self, GatewayBody};
 use crate::error::GatewayError;
-use crate::middleware::auth::Auth;
+use crate::middleware::auth::{key_matches, presented_key, Auth};
 use crate::middleware::check::Check;
-use crate::telemetry;
 
 /// Routes requests.
 #[derive(Clone, Debug)]
@@ -44,8 +44,9 @@ impl Router {
             ("/v1/models", &Method::GET) => self.models(req),
             ("/healthz", &Method::GET) => Ok(json_ok(StatusCode::OK, &json!({"status": "ok"}))),
             ("/readyz", &Method::GET) => Ok(self.readyz()),
-            ("/metrics", &Method::GET) => Ok(telemetry::render(&self.app)),
-            ("/v1/models" | "/healthz" | "/readyz" | "/metrics", _) => {
+            ("/metrics", &Method::GET) => Ok(self.app.metrics.response(&self.app.admission.snapshot())),
+            ("/admin/policy", &Method::GET) => self.admin_policy(&req),
+            ("/v1/models" | "/healthz" | "/readyz" | "/metrics" | "/admin/policy", _) => {
                 Err(not_allowed(&req, "GET"))
             }
             _ => Err(GatewayError::NotFound {
@@ -66,6 +67,35 @@ impl Router {
             &json!({
                 "object": "list",
                 "data": [{"id": self.app.model, "object": "model", "created": 0, "owned_by": "sluice"}],
+            }),
+        ))
+    }
+
+    /// The policy in force; only with the admin key (404 when the policy names none, so the
+    /// endpoint's existence says nothing to others).
+    fn admin_policy<B>(&self, req: &Request<B>) -> Result<Response<GatewayBody>, GatewayError> {
+        let loaded = self.app.policy.current();
+        let Some(admin) = loaded.policy.admin.api_key_sha256.as_deref() else {
+            return Err(GatewayError::NotFound {
+                method: req.method().to_string(),
+                path: req.uri().path().to_owned(),
+            });
+        };
+        let key = presented_key(req).ok_or(GatewayError::MissingApiKey)?;
+        if !key_matches(admin, key) {
+            return Err(GatewayError::InvalidApiKey);
+        }
+        let loaded_at = loaded
+            .loaded_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Ok(json_ok(
+            StatusCode::OK,
+            &json!({
+                "sha256": loaded.sha256,
+                "loaded_at": loaded_at,
+                "path": loaded.path.as_ref().map(|p| p.display().to_string()),
+                "policy": loaded.policy,
             }),
         ))
     }

@@ -1,13 +1,11 @@
 //! `/metrics`: Prometheus text exposition (format 0.0.4) of the engine's [`MetricsSnapshot`]
 //! under vLLM's names, per-rank gauges, and the latency histograms the server measures itself.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use crate::api::{MetricsSnapshot, RankHealth};
+use crate::prom::{escape, header, sample, Histogram};
 
-pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) use crate::prom::CONTENT_TYPE;
 
 /// vLLM's time-to-first-token buckets (seconds).
 const TTFT_BUCKETS: &[f64] = &[
@@ -19,55 +17,6 @@ const E2E_BUCKETS: &[f64] = &[
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
 ];
-
-/// A lock-free histogram of durations.
-#[derive(Debug)]
-pub(crate) struct Histogram {
-    bounds: &'static [f64],
-    /// Per bucket (not cumulative); the last one is `+Inf`.
-    counts: Vec<AtomicU64>,
-    sum_nanos: AtomicU64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Self {
-            bounds,
-            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum_nanos: AtomicU64::new(0),
-        }
-    }
-
-    pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        let i = self
-            .bounds
-            .iter()
-            .position(|&b| secs <= b)
-            .unwrap_or(self.bounds.len());
-        if let Some(c) = self.counts.get(i) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
-        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
-        header(out, name, help, "histogram");
-        let mut cumulative = 0u64;
-        for (i, count) in self.counts.iter().enumerate() {
-            cumulative += count.load(Ordering::Relaxed);
-            let le = self
-                .bounds
-                .get(i)
-                .map_or_else(|| "+Inf".to_owned(), |b| format!("{b:?}"));
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-        }
-        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
-        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
-    }
-}
 
 /// What the server measures itself.
 #[derive(Debug)]
@@ -85,22 +34,6 @@ impl Default for HttpMetrics {
             e2e: Histogram::new(E2E_BUCKETS),
         }
     }
-}
-
-fn header(out: &mut String, name: &str, help: &str, kind: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-}
-
-fn sample(out: &mut String, name: &str, labels: &str, value: impl std::fmt::Display) {
-    let _ = writeln!(out, "{name}{{{labels}}} {value}");
-}
-
-/// A label value with `\`, `"` and newlines escaped.
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// A per-rank gauge: name, help, value.

@@ -69,7 +69,7 @@ impl<B> Check<B> for Auth {
 }
 
 /// The key from `Authorization: Bearer KEY` or `x-api-key: KEY`.
-fn presented_key<B>(req: &Request<B>) -> Option<&str> {
+pub fn presented_key<B>(req: &Request<B>) -> Option<&str> {
     let h = req.headers();
     if let Some(v) = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
         let v = v.trim();
@@ -87,17 +87,24 @@ pub fn find_tenant<'a>(tenants: &'a [Tenant], key: &str) -> Option<&'a Tenant> {
     let digest = hex(&Sha256::digest(key.as_bytes()));
     let mut found = None;
     for t in tenants {
-        let same: bool = t
-            .api_key_sha256
-            .to_ascii_lowercase()
-            .as_bytes()
-            .ct_eq(digest.as_bytes())
-            .into();
-        if same && found.is_none() {
+        if same_hash(&t.api_key_sha256, &digest) && found.is_none() {
             found = Some(t);
         }
     }
     found
+}
+
+/// Whether `key` hashes to `sha256_hex`, compared in constant time.
+pub fn key_matches(sha256_hex: &str, key: &str) -> bool {
+    same_hash(sha256_hex, &hex(&Sha256::digest(key.as_bytes())))
+}
+
+fn same_hash(expected_hex: &str, digest_hex: &str) -> bool {
+    expected_hex
+        .to_ascii_lowercase()
+        .as_bytes()
+        .ct_eq(digest_hex.as_bytes())
+        .into()
 }
 
 fn hex(bytes: &[u8]) -> String {

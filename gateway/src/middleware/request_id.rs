@@ -6,6 +6,7 @@
 //! - Turns every [`GatewayError`] from the layers below into its response (through
 //!   [`GatewayError::into_response`], the one mapping) and logs it.
 //! - Sets `x-request-id` and `traceparent` on every response.
+//! - Counts the request as accepted, and records how it ends ([`crate::telemetry::Outcome`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -19,6 +20,8 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::body::GatewayBody;
 use crate::error::GatewayError;
+use crate::telemetry::{Metrics, Outcome, OutcomeBody, OutcomeGuard};
+use http_body_util::BodyExt;
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
@@ -53,14 +56,25 @@ impl RequestTrace {
 }
 
 /// The layer.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RequestIdLayer;
+#[derive(Clone, Debug, Default)]
+pub struct RequestIdLayer {
+    metrics: Arc<Metrics>,
+}
+
+impl RequestIdLayer {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self { metrics }
+    }
+}
 
 impl<S> Layer<S> for RequestIdLayer {
     type Service = RequestIdService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RequestIdService { inner }
+        RequestIdService {
+            inner,
+            metrics: self.metrics.clone(),
+        }
     }
 }
 
@@ -68,6 +82,7 @@ impl<S> Layer<S> for RequestIdLayer {
 #[derive(Clone, Debug)]
 pub struct RequestIdService<S> {
     inner: S,
+    metrics: Arc<Metrics>,
 }
 
 impl<S, B> Service<Request<B>> for RequestIdService<S>
@@ -104,10 +119,17 @@ where
         req.extensions_mut().insert(id.clone());
         req.extensions_mut().insert(trace);
         let inner = self.inner.clone();
+        let guard = OutcomeGuard::accept(self.metrics.clone());
         Box::pin(async move {
-            let mut resp = match inner.oneshot(req).await {
-                Ok(resp) => resp,
+            let result = inner.oneshot(req).await;
+            let metrics = guard.disarm();
+            let mut resp = match result {
+                Ok(resp) => {
+                    let status = resp.status();
+                    resp.map(|b| OutcomeBody::new(b, status, metrics).boxed_unsync())
+                }
                 Err(e) => {
+                    metrics.ended(Outcome::of_error(&e));
                     e.log(&id.0);
                     e.into_response()
                 }

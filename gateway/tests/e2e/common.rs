@@ -56,7 +56,7 @@ impl Gateway {
         let mut loaded = LoadedPolicy::defaults();
         loaded.policy = policy;
         let store = PolicyStore::new(loaded);
-        let app = App::new(store, upstream, "SmolLM2-135M-Instruct.Q4_1.gguf".into());
+        let app = App::new(store, upstream, "SmolLM2-135M-Instruct.Q4_1".into());
         let router = Router {
             stack: stack(&app, counter()),
             app: app.clone(),

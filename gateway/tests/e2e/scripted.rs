@@ -43,7 +43,7 @@ async fn tls_serves_http1_and_h2_by_alpn() {
     }
     let (status, _, body) = gw.client().json("GET", "/v1/models", None).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(body["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert_eq!(body["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
     let (status, _, body) = gw.client().json("GET", "/readyz", None).await;
     assert_eq!(
         (status, body["ready"].clone()),

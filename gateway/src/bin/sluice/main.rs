@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use sluice_gateway::policy::LoadedPolicy;
+use sluice_gateway::policy::load::check_file;
 
 /// Sluice: an admission-controlled HTTPS gateway for LLM serving.
 #[derive(Parser, Debug)]
@@ -72,7 +72,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Policy(PolicyCommand::Check { file }) => match LoadedPolicy::from_file(&file) {
+        Command::Policy(PolicyCommand::Check { file }) => match check_file(&file) {
             Ok(p) => {
                 println!("ok {}", p.sha256);
                 ExitCode::SUCCESS

@@ -9,7 +9,8 @@ use sluice_gateway::app::{stack, App};
 use sluice_gateway::bundled::{BundledConfig, Supervisor};
 use sluice_gateway::forward::{BundledUpstream, StaticUpstream, Upstream};
 use sluice_gateway::middleware::count::GgufCounter;
-use sluice_gateway::policy::{LoadedPolicy, PolicyStore, UpstreamKind};
+use sluice_gateway::policy::reload::spawn_reloader;
+use sluice_gateway::policy::{LoadedPolicy, PolicyError, PolicyStore, UpstreamKind};
 use sluice_gateway::routes::Router;
 use sluice_gateway::{server, tls};
 use tokio::net::TcpListener;
@@ -99,7 +100,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .model
         .clone()
         .unwrap_or_else(|| file_name(&model));
+    let policy_file = store.current().path.clone();
     let app = App::new(store, upstream, model_name);
+    // Edits of the policy file (and SIGHUP) reload it; the handle stops watching when dropped.
+    let _reloader = match policy_file {
+        Some(path) => {
+            let metrics = app.metrics.clone();
+            let on_result = move |r: Result<&LoadedPolicy, &PolicyError>| {
+                metrics.policy_reload(r.is_ok());
+            };
+            Some(spawn_reloader(path, app.policy.clone(), on_result)?)
+        }
+        None => None,
+    };
     let router = Router {
         stack: stack(&app, Arc::new(counter)),
         app,
@@ -154,8 +167,9 @@ fn load_policy(path: Option<&Path>) -> anyhow::Result<LoadedPolicy> {
     Ok(LoadedPolicy::from_file(path)?)
 }
 
+/// The model's name as the engine reports it: the file name without its extension.
 fn file_name(path: &Path) -> String {
-    path.file_name().map_or_else(
+    path.file_stem().map_or_else(
         || path.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     )

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tower::Layer;
 
 use super::queue::Admission;
+use crate::telemetry::Metrics;
 use super::service::Admit;
 use super::shed::Shed;
 
@@ -12,11 +13,12 @@ use super::shed::Shed;
 #[derive(Clone, Debug)]
 pub struct AdmissionLayer {
     admission: Arc<Admission>,
+    metrics: Arc<Metrics>,
 }
 
 impl AdmissionLayer {
-    pub fn new(admission: Arc<Admission>) -> Self {
-        Self { admission }
+    pub fn new(admission: Arc<Admission>, metrics: Arc<Metrics>) -> Self {
+        Self { admission, metrics }
     }
 }
 
@@ -24,9 +26,7 @@ impl<S> Layer<S> for AdmissionLayer {
     type Service = Shed<Admit<S>>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Shed::new(
-            Admit::new(inner, self.admission.clone()),
-            self.admission.clone(),
-        )
+        let admit = Admit::new(inner, self.admission.clone(), self.metrics.clone());
+        Shed::new(admit, self.admission.clone())
     }
 }

@@ -17,6 +17,7 @@ use crate::body::GatewayBody;
 use crate::error::GatewayError;
 use crate::middleware::auth::Caller;
 use crate::middleware::count::PromptTokens;
+use crate::telemetry::Metrics;
 
 /// The response header with the time spent queued, in whole milliseconds.
 pub const QUEUE_MS_HEADER: &str = "x-sluice-queue-ms";
@@ -30,11 +31,16 @@ pub struct QueueTime(pub std::time::Duration);
 pub struct Admit<S> {
     inner: S,
     admission: Arc<Admission>,
+    metrics: Arc<Metrics>,
 }
 
 impl<S> Admit<S> {
-    pub fn new(inner: S, admission: Arc<Admission>) -> Self {
-        Self { inner, admission }
+    pub fn new(inner: S, admission: Arc<Admission>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            inner,
+            admission,
+            metrics,
+        }
     }
 }
 
@@ -70,11 +76,20 @@ where
             prompt_tokens: req.extensions().get::<PromptTokens>().map_or(0, |p| p.0),
         };
         let admission = self.admission.clone();
+        let metrics = self.metrics.clone();
         // The clone that was driven to ready is the one called; a fresh clone stays here.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
-            let admitted = acquire(admission, ticket).await?;
+            let arrived = tokio::time::Instant::now();
+            let admitted = match acquire(admission, ticket).await {
+                Ok(a) => a,
+                Err(e) => {
+                    metrics.observe_queue(arrived.elapsed());
+                    return Err(e);
+                }
+            };
+            metrics.observe_queue(admitted.queued);
             req.extensions_mut().insert(QueueTime(admitted.queued));
             let resp = inner.oneshot(req).await?;
             let (mut parts, body) = resp.into_parts();
@@ -82,7 +97,7 @@ where
                 QUEUE_MS_HEADER,
                 HeaderValue::from(admitted.queued.as_millis() as u64),
             );
-            let body = SlotBody::new(body, admitted.permit).boxed_unsync();
+            let body = SlotBody::new(body, admitted.permit, metrics).boxed_unsync();
             Ok(Response::from_parts(parts, body))
         })
     }

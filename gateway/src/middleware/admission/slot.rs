@@ -10,20 +10,39 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::queue::Permit;
 use crate::body::{BoxError, GatewayBody};
+use crate::telemetry::Metrics;
+use std::sync::Arc;
 
-/// A body that frees its slot when it ends, fails, or is dropped.
+/// A body that frees its slot when it ends, fails, or is dropped; it records the upstream
+/// time (slot granted → last byte) and time to first byte.
 #[derive(Debug)]
 pub struct SlotBody {
     inner: GatewayBody,
     permit: Option<Permit>,
+    metrics: Arc<Metrics>,
+    seen_data: bool,
 }
 
 impl SlotBody {
-    pub fn new(inner: GatewayBody, permit: Permit) -> Self {
+    pub fn new(inner: GatewayBody, permit: Permit, metrics: Arc<Metrics>) -> Self {
         Self {
             inner,
             permit: Some(permit),
+            metrics,
+            seen_data: false,
         }
+    }
+
+    fn release(&mut self) {
+        if let Some(p) = self.permit.take() {
+            self.metrics.upstream_time.observe(p.granted_at().elapsed());
+        }
+    }
+}
+
+impl Drop for SlotBody {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -36,8 +55,15 @@ impl Body for SlotBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            self.permit = None;
+        match &polled {
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.release(),
+            Poll::Ready(Some(Ok(f))) if !self.seen_data && f.is_data() => {
+                self.seen_data = true;
+                if let Some(p) = &self.permit {
+                    self.metrics.upstream_first_byte.observe(p.granted_at().elapsed());
+                }
+            }
+            _ => {}
         }
         polled
     }

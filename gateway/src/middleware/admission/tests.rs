@@ -289,7 +289,10 @@ fn layered(adm: &Arc<Admission>) -> (Layered, Handle) {
     let (mock, handle): (Mock, Handle) = mock::pair();
     let f: fn(crate::body::BoxError) -> GatewayError = upstream_error;
     let inner = tower::util::MapErr::new(mock, f);
-    (AdmissionLayer::new(adm.clone()).layer(inner), handle)
+    (
+        AdmissionLayer::new(adm.clone(), Default::default()).layer(inner),
+        handle,
+    )
 }
 
 fn request() -> Request<()> {
@@ -379,6 +382,7 @@ async fn a_full_queue_is_shed_through_poll_ready() {
             Ok::<_, GatewayError>(Response::new(body::full("")))
         }),
         adm.clone(),
+        Default::default(),
     );
     let waker = futures_noop_waker();
     let mut cx = std::task::Context::from_waker(&waker);

@@ -8,7 +8,7 @@ fn service(
     fail: bool,
 ) -> impl tower::Service<Request<()>, Response = Response<GatewayBody>, Error = Infallible> + Clone
 {
-    RequestIdLayer.layer(tower::service_fn(move |req: Request<()>| async move {
+    RequestIdLayer::default().layer(tower::service_fn(move |req: Request<()>| async move {
         let trace = req
             .extensions()
             .get::<RequestTrace>()
