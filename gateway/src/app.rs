@@ -12,6 +12,7 @@ use crate::body::GatewayBody;
 use crate::forward::{Forward, Upstream};
 use crate::middleware::admission::{Admission, AdmissionLayer, Limits};
 use crate::middleware::auth::Auth;
+use crate::middleware::budget::BudgetLayer;
 use crate::middleware::cap::Cap;
 use crate::middleware::check::CheckLayer;
 use crate::middleware::count::{CountLayer, TokenCounter};
@@ -74,6 +75,9 @@ impl App {
 ///    chat template → `PromptTokens`.
 /// 6. **cap** ([`crate::middleware::cap`]): input cap and context window (400
 ///    `context_length_exceeded`); `max_tokens` defaulted and clamped → `MaxTokens`.
+///    Then the tenant's **token budget** ([`crate::middleware::budget`]): prompt + `max_tokens`
+///    charged on arrival (429 `tokens_per_minute_exceeded`), settled to the real usage when
+///    the response ends; reads `Caller`, `PromptTokens`, `MaxTokens`.
 /// 7. **admission** ([`crate::middleware::admission`]): a slot among `active_max`, or a place
 ///    in the queue, or 503 `overloaded` / `queue_timeout`; reads `Caller` and `PromptTokens`;
 ///    the slot moves into the response body; adds `QueueTime`, `x-sluice-queue-ms`.
@@ -87,7 +91,11 @@ pub fn stack(app: &App, counter: Arc<dyn TokenCounter>) -> Stack {
         .layer(ParseLayer::new(app.policy.clone()))
         .layer(CountLayer::new(counter))
         .layer(CheckLayer::new(Cap::new(app.policy.clone())))
-        .layer(AdmissionLayer::new(app.admission.clone(), app.metrics.clone()))
+        .layer(BudgetLayer::default())
+        .layer(AdmissionLayer::new(
+            app.admission.clone(),
+            app.metrics.clone(),
+        ))
         .service(Forward::new(app.upstream.clone()));
     BoxCloneSyncService::new(service)
 }

@@ -44,7 +44,9 @@ impl Router {
             ("/v1/models", &Method::GET) => self.models(req),
             ("/healthz", &Method::GET) => Ok(json_ok(StatusCode::OK, &json!({"status": "ok"}))),
             ("/readyz", &Method::GET) => Ok(self.readyz()),
-            ("/metrics", &Method::GET) => Ok(self.app.metrics.response(&self.app.admission.snapshot())),
+            ("/metrics", &Method::GET) => {
+                Ok(self.app.metrics.response(&self.app.admission.snapshot()))
+            }
             ("/admin/policy", &Method::GET) => self.admin_policy(&req),
             ("/v1/models" | "/healthz" | "/readyz" | "/metrics" | "/admin/policy", _) => {
                 Err(not_allowed(&req, "GET"))

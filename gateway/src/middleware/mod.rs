@@ -2,6 +2,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod budget;
 pub mod cap;
 pub mod check;
 pub mod count;

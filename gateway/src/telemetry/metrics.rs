@@ -79,7 +79,11 @@ impl Metrics {
 
     /// A policy reload was applied (`ok`) or refused.
     pub fn policy_reload(&self, ok: bool) {
-        let c = if ok { &self.reload_ok } else { &self.reload_error };
+        let c = if ok {
+            &self.reload_ok
+        } else {
+            &self.reload_error
+        };
         c.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -90,8 +94,17 @@ impl Metrics {
     /// The Prometheus text of these metrics and the admission state.
     pub fn render(&self, admission: &Snapshot) -> String {
         let mut out = String::new();
-        help(&mut out, "sluice_requests_accepted_total", "Requests that entered the gateway's stack.", "counter");
-        let _ = writeln!(out, "sluice_requests_accepted_total {}", self.accepted_total());
+        help(
+            &mut out,
+            "sluice_requests_accepted_total",
+            "Requests that entered the gateway's stack.",
+            "counter",
+        );
+        let _ = writeln!(
+            out,
+            "sluice_requests_accepted_total {}",
+            self.accepted_total()
+        );
         help(
             &mut out,
             "sluice_requests_total",
@@ -99,11 +112,29 @@ impl Metrics {
             "counter",
         );
         for o in Outcome::ALL {
-            let _ = writeln!(out, "sluice_requests_total{{outcome=\"{}\"}} {}", o.as_str(), self.outcome_total(o));
+            let _ = writeln!(
+                out,
+                "sluice_requests_total{{outcome=\"{}\"}} {}",
+                o.as_str(),
+                self.outcome_total(o)
+            );
         }
-        help(&mut out, "sluice_policy_reloads_total", "Policy reloads, by result.", "counter");
-        let _ = writeln!(out, "sluice_policy_reloads_total{{result=\"ok\"}} {}", self.reload_ok.load(Ordering::Relaxed));
-        let _ = writeln!(out, "sluice_policy_reloads_total{{result=\"error\"}} {}", self.reload_error.load(Ordering::Relaxed));
+        help(
+            &mut out,
+            "sluice_policy_reloads_total",
+            "Policy reloads, by result.",
+            "counter",
+        );
+        let _ = writeln!(
+            out,
+            "sluice_policy_reloads_total{{result=\"ok\"}} {}",
+            self.reload_ok.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "sluice_policy_reloads_total{{result=\"error\"}} {}",
+            self.reload_error.load(Ordering::Relaxed)
+        );
         self.queue_time.render(
             &mut out,
             "sluice_queue_time_seconds",
@@ -123,18 +154,47 @@ impl Metrics {
             "stage=\"upstream\"",
         );
         let gauges = [
-            ("sluice_active_requests", "Requests holding an upstream slot.", admission.active),
-            ("sluice_active_heavy_requests", "Heavy-input requests holding a slot.", admission.heavy_active),
-            ("sluice_active_max", "The admission ceiling in force.", admission.active_max),
-            ("sluice_queue_depth_max", "The queue bound in force.", admission.queue_depth),
+            (
+                "sluice_active_requests",
+                "Requests holding an upstream slot.",
+                admission.active,
+            ),
+            (
+                "sluice_active_heavy_requests",
+                "Heavy-input requests holding a slot.",
+                admission.heavy_active,
+            ),
+            (
+                "sluice_active_max",
+                "The admission ceiling in force.",
+                admission.active_max,
+            ),
+            (
+                "sluice_queue_depth_max",
+                "The queue bound in force.",
+                admission.queue_depth,
+            ),
         ];
         for (name, h, v) in gauges {
             help(&mut out, name, h, "gauge");
             let _ = writeln!(out, "{name} {v}");
         }
-        help(&mut out, "sluice_queue_depth", "Requests waiting for a slot, by class.", "gauge");
-        let _ = writeln!(out, "sluice_queue_depth{{class=\"interactive\"}} {}", admission.queued_interactive);
-        let _ = writeln!(out, "sluice_queue_depth{{class=\"batch\"}} {}", admission.queued_batch);
+        help(
+            &mut out,
+            "sluice_queue_depth",
+            "Requests waiting for a slot, by class.",
+            "gauge",
+        );
+        let _ = writeln!(
+            out,
+            "sluice_queue_depth{{class=\"interactive\"}} {}",
+            admission.queued_interactive
+        );
+        let _ = writeln!(
+            out,
+            "sluice_queue_depth{{class=\"batch\"}} {}",
+            admission.queued_batch
+        );
         out
     }
 

@@ -126,6 +126,7 @@ async fn the_gateway_fronts_the_real_bundled_engine() {
     assert_eq!(prompt_tokens(&headers), 8192);
     assert_eq!(v["usage"]["prompt_tokens"], 8192);
 
+    gw.assert_accounted().await;
     gw.shutdown().await;
     drop(c);
     if let Ok(sup) = Arc::try_unwrap(sup) {

@@ -98,6 +98,25 @@ impl Gateway {
         }
     }
 
+    /// Every accepted request ended in exactly one outcome (checked at a quiet moment).
+    pub async fn assert_accounted(&self) {
+        let m = self.app.metrics.clone();
+        let sum = move || {
+            sluice_gateway::telemetry::Outcome::ALL
+                .iter()
+                .map(|o| m.outcome_total(*o))
+                .sum::<u64>()
+        };
+        let accepted = self.app.metrics.accepted_total();
+        assert!(
+            eventually(Duration::from_secs(5), || sum()
+                == self.app.metrics.accepted_total())
+            .await,
+            "accepted {accepted} != sum of outcomes {}",
+            sum()
+        );
+    }
+
     pub fn client(&self) -> Client {
         Client::new(self.addr, &["h2", "http/1.1"])
     }

@@ -3,4 +3,5 @@
 
 mod bundled;
 mod common;
+mod reload;
 mod scripted;

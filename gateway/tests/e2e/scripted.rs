@@ -49,6 +49,7 @@ async fn tls_serves_http1_and_h2_by_alpn() {
         (status, body["ready"].clone()),
         (StatusCode::OK, json!(true))
     );
+    gw.assert_accounted().await;
     gw.shutdown().await;
 }
 
@@ -84,6 +85,7 @@ async fn exactly_the_input_cap_is_accepted_and_one_more_token_refused() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["x-sluice-prompt-tokens"], "8192");
     assert_eq!(headers["x-sluice-queue-ms"], "0");
+    gw.assert_accounted().await;
     gw.shutdown().await;
 }
 
@@ -234,6 +236,7 @@ async fn disconnects_free_the_queue_place_and_the_slot_and_abort_the_upstream() 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(closed, "the upstream request was not aborted");
+    gw.assert_accounted().await;
     gw.shutdown().await;
 }
 
@@ -284,6 +287,7 @@ async fn keys_are_checked_and_errors_are_openai_shaped() {
         (status, body["error"]["code"].clone()),
         (StatusCode::NOT_FOUND, json!("not_found"))
     );
+    gw.assert_accounted().await;
     gw.shutdown().await;
 }
 

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use tower::Layer;
 
 use super::queue::Admission;
-use crate::telemetry::Metrics;
 use super::service::Admit;
 use super::shed::Shed;
+use crate::telemetry::Metrics;
 
 /// Wraps a service in admission control: [`Shed`] around [`Admit`].
 #[derive(Clone, Debug)]

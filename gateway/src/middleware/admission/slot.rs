@@ -60,7 +60,9 @@ impl Body for SlotBody {
             Poll::Ready(Some(Ok(f))) if !self.seen_data && f.is_data() => {
                 self.seen_data = true;
                 if let Some(p) = &self.permit {
-                    self.metrics.upstream_first_byte.observe(p.granted_at().elapsed());
+                    self.metrics
+                        .upstream_first_byte
+                        .observe(p.granted_at().elapsed());
                 }
             }
             _ => {}

@@ -1,0 +1,281 @@
+//! Token budgets (stack layer 6b, after the cap): a tenant's `tokens_per_minute` is charged on
+//! arrival with the exact prompt count plus the `max_tokens` reserved for the completion, so
+//! concurrent requests can never overshoot it; when the response ends, the charge is lowered
+//! to the real `prompt_tokens + completion_tokens` read from the response's `usage` (when the
+//! response carries one — a stream without `include_usage` keeps the full reservation).
+//! 429 `tokens_per_minute_exceeded` with `Retry-After`.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+use super::auth::Caller;
+use super::cap::MaxTokens;
+use super::count::PromptTokens;
+use crate::body::{BoxError, GatewayBody};
+use crate::error::GatewayError;
+
+/// The window a budget covers.
+const WINDOW: Duration = Duration::from_secs(60);
+
+/// Every tenant's charges over the last minute.
+#[derive(Debug, Default)]
+pub struct TokenBudgets {
+    ledgers: Mutex<HashMap<String, Ledger>>,
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    /// (when, id, tokens), oldest first.
+    charges: VecDeque<(Instant, u64, u64)>,
+    next_id: u64,
+}
+
+impl Ledger {
+    fn expire(&mut self, now: Instant) {
+        while self
+            .charges
+            .front()
+            .is_some_and(|(at, _, _)| now.duration_since(*at) >= WINDOW)
+        {
+            self.charges.pop_front();
+        }
+    }
+
+    fn used(&self) -> u64 {
+        self.charges.iter().map(|c| c.2).sum()
+    }
+}
+
+/// A charge that can still be lowered to what the request really used.
+#[derive(Debug)]
+pub struct Charge {
+    budgets: Arc<TokenBudgets>,
+    tenant: String,
+    id: u64,
+}
+
+impl Charge {
+    /// Lowers the charge to `tokens` (never raises it).
+    pub fn settle(&self, tokens: u64) {
+        let mut map = self.budgets.lock();
+        if let Some(l) = map.get_mut(&self.tenant) {
+            if let Some(c) = l.charges.iter_mut().find(|c| c.1 == self.id) {
+                c.2 = c.2.min(tokens);
+            }
+        }
+    }
+}
+
+impl TokenBudgets {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Ledger>> {
+        self.ledgers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Charges `needed` tokens to `tenant` within `budget` per minute, or says when to retry.
+    pub fn charge(
+        self: &Arc<Self>,
+        tenant: &str,
+        budget: u64,
+        needed: u64,
+    ) -> Result<Charge, GatewayError> {
+        let now = Instant::now();
+        let mut map = self.lock();
+        let ledger = map.entry(tenant.to_owned()).or_default();
+        ledger.expire(now);
+        let used = ledger.used();
+        if used + needed > budget {
+            // When enough of the oldest charges leave the window; a request larger than the
+            // whole budget can never pass, and waits out a full window like any other.
+            let mut freed = 0;
+            let mut at = now + WINDOW;
+            for (when, _, tokens) in &ledger.charges {
+                freed += tokens;
+                if used - freed + needed <= budget {
+                    at = *when + WINDOW;
+                    break;
+                }
+            }
+            return Err(GatewayError::TokenBudget {
+                tenant: tenant.to_owned(),
+                budget,
+                needed,
+                retry_after: at.saturating_duration_since(now),
+            });
+        }
+        let id = ledger.next_id;
+        ledger.next_id += 1;
+        ledger.charges.push_back((now, id, needed));
+        Ok(Charge {
+            budgets: self.clone(),
+            tenant: tenant.to_owned(),
+            id,
+        })
+    }
+}
+
+/// The layer.
+#[derive(Clone, Debug, Default)]
+pub struct BudgetLayer {
+    budgets: Arc<TokenBudgets>,
+}
+
+impl<S> Layer<S> for BudgetLayer {
+    type Service = Budget<S>;
+
+    fn layer(&self, inner: S) -> Budget<S> {
+        Budget {
+            inner,
+            budgets: self.budgets.clone(),
+        }
+    }
+}
+
+/// Charges the tenant, calls the inner service, settles at the response's end.
+#[derive(Clone, Debug)]
+pub struct Budget<S> {
+    inner: S,
+    budgets: Arc<TokenBudgets>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B> Service<Request<B>> for Budget<S>
+where
+    S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<GatewayBody>;
+    type Error = GatewayError;
+    type Future = BoxFuture<Result<Response<GatewayBody>, GatewayError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let ext = req.extensions();
+        let tenant = ext.get::<Caller>().and_then(|c| c.tenant.clone());
+        let Some((tenant, budget)) = tenant.and_then(|t| t.tokens_per_minute.map(|b| (t, b)))
+        else {
+            return Box::pin(self.inner.call(req));
+        };
+        let prompt = ext.get::<PromptTokens>().map_or(0, |p| p.0) as u64;
+        let max = ext.get::<MaxTokens>().map_or(0, |m| m.0) as u64;
+        let charge = match self.budgets.charge(&tenant.name, budget, prompt + max) {
+            Ok(c) => c,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await;
+            match resp {
+                Ok(resp) => Ok(resp.map(|b| {
+                    UsageBody {
+                        inner: b,
+                        charge,
+                        prompt,
+                        scan: Vec::new(),
+                        completion: None,
+                    }
+                    .boxed_unsync()
+                })),
+                Err(e) => {
+                    // Refused or failed before anything was generated: nothing to charge.
+                    charge.settle(0);
+                    Err(e)
+                }
+            }
+        })
+    }
+}
+
+/// Passes the body through, reading the last `"completion_tokens": N` it carries.
+#[derive(Debug)]
+struct UsageBody {
+    inner: GatewayBody,
+    charge: Charge,
+    prompt: u64,
+    /// The tail of the bytes seen (a key may straddle two frames).
+    scan: Vec<u8>,
+    completion: Option<u64>,
+}
+
+const KEY: &[u8] = b"\"completion_tokens\":";
+
+impl UsageBody {
+    fn scan(&mut self, data: &[u8]) {
+        self.scan.extend_from_slice(data);
+        let mut i = 0;
+        while let Some(pos) = find(&self.scan[i..], KEY) {
+            let start = i + pos + KEY.len();
+            let digits: Vec<u8> = self.scan[start..]
+                .iter()
+                .skip_while(|b| b.is_ascii_whitespace())
+                .take_while(|b| b.is_ascii_digit())
+                .copied()
+                .collect();
+            if let Some(n) = std::str::from_utf8(&digits)
+                .ok()
+                .and_then(|s| s.parse().ok())
+            {
+                self.completion = Some(n);
+            }
+            i = start;
+        }
+        let keep = self.scan.len().saturating_sub(KEY.len() + 24);
+        self.scan.drain(..keep);
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+impl Body for UsageBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &polled {
+            if let Some(d) = f.data_ref() {
+                let d = d.clone();
+                self.scan(&d);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for UsageBody {
+    fn drop(&mut self) {
+        if let Some(c) = self.completion {
+            self.charge.settle(self.prompt + c);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,87 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+
+use super::*;
+use crate::body;
+
+#[tokio::test(start_paused = true)]
+async fn charges_on_arrival_so_concurrent_requests_cannot_overshoot() {
+    let b = Arc::new(TokenBudgets::default());
+    // Three concurrent requests of 400 reserved tokens against 1,000 per minute: the third is
+    // refused at arrival, before anything ran.
+    let _c1 = b.charge("alice", 1000, 400).expect("first");
+    let _c2 = b.charge("alice", 1000, 400).expect("second");
+    match b.charge("alice", 1000, 400) {
+        Err(GatewayError::TokenBudget { retry_after, .. }) => {
+            assert_eq!(retry_after, Duration::from_secs(60));
+        }
+        other => panic!("expected 429, got {other:?}"),
+    }
+    // Another tenant has its own budget.
+    b.charge("bob", 1000, 400).expect("bob");
+}
+
+#[tokio::test(start_paused = true)]
+async fn settling_returns_unused_tokens_and_the_window_slides() {
+    let b = Arc::new(TokenBudgets::default());
+    let c1 = b.charge("alice", 1000, 900).expect("first");
+    assert!(b.charge("alice", 1000, 200).is_err());
+    // The request used 100 prompt + 50 completion tokens.
+    c1.settle(150);
+    b.charge("alice", 1000, 800).expect("room after settling");
+    // Settling never raises a charge.
+    c1.settle(10_000);
+    assert!(b.charge("alice", 1000, 100).is_err());
+    tokio::time::advance(Duration::from_secs(30)).await;
+    let Err(GatewayError::TokenBudget { retry_after, .. }) = b.charge("alice", 1000, 900) else {
+        panic!("expected 429");
+    };
+    // Both charges were made at t=0: the window frees them at t=60, 30 s from now.
+    assert_eq!(retry_after, Duration::from_secs(30));
+    tokio::time::advance(Duration::from_secs(30)).await;
+    b.charge("alice", 1000, 900).expect("the window moved on");
+}
+
+#[tokio::test(start_paused = true)]
+async fn usage_in_the_response_settles_the_charge() {
+    let budgets = Arc::new(TokenBudgets::default());
+    let charge = budgets.charge("alice", 1000, 600).expect("charge");
+    let inner = body::full(
+        r#"data: {"choices":[],"usage":{"prompt_tokens":100,"completion_tokens": 7,"total_tokens":107}}"#,
+    );
+    let body = UsageBody {
+        inner,
+        charge,
+        prompt: 100,
+        scan: Vec::new(),
+        completion: None,
+    };
+    let bytes = body.collect().await.expect("body").to_bytes();
+    assert!(
+        bytes.starts_with(b"data: "),
+        "the body passes through unchanged"
+    );
+    // 107 charged: 893 left.
+    budgets
+        .charge("alice", 1000, 893)
+        .expect("settled to the real usage");
+    assert!(budgets.charge("alice", 1000, 1).is_err());
+}
+
+#[test]
+fn the_usage_key_is_found_across_frames() {
+    let budgets = Arc::new(TokenBudgets::default());
+    let charge = budgets.charge("alice", 1000, 600).expect("charge");
+    let mut body = UsageBody {
+        inner: body::full(""),
+        charge,
+        prompt: 0,
+        scan: Vec::new(),
+        completion: None,
+    };
+    body.scan(b"{\"usage\":{\"completion_tok");
+    body.scan(b"ens\":42}}");
+    assert_eq!(body.completion, Some(42));
+}
