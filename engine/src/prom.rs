@@ -72,4 +72,3 @@ pub fn escape(v: &str) -> String {
         .replace('"', "\\\"")
         .replace('\n', "\\n")
 }
-

@@ -1,7 +1,6 @@
 //! `/metrics`: Prometheus text exposition (format 0.0.4) of the engine's [`MetricsSnapshot`]
 //! under vLLM's names, per-rank gauges, and the latency histograms the server measures itself.
 
-
 use crate::api::{MetricsSnapshot, RankHealth};
 use crate::prom::{escape, header, sample, Histogram};
 
