@@ -40,6 +40,22 @@ impl Histogram {
         self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
+    /// The counts so far, read bucket by bucket (not one atomic read: an observation racing
+    /// with it may show in one field and not yet in another).
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        let counts: Vec<u64> = self
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        HistogramSnapshot {
+            bounds: self.bounds,
+            count: counts.iter().sum(),
+            counts,
+            sum: self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+        }
+    }
+
     pub fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         header(out, name, help, "histogram");
         let mut cumulative = 0u64;
@@ -57,6 +73,37 @@ impl Histogram {
     }
 }
 
+/// A histogram's counts at one moment; two of them subtract into the observations between.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HistogramSnapshot {
+    /// The buckets' upper bounds (seconds); `counts` has one more entry, for `+Inf`.
+    pub bounds: &'static [f64],
+    /// Observations per bucket (not cumulative).
+    pub counts: Vec<u64>,
+    /// The sum of the observations, in seconds.
+    pub sum: f64,
+    /// The number of observations (the sum of `counts`).
+    pub count: u64,
+}
+
+impl HistogramSnapshot {
+    /// The observations made after `earlier` and up to `self` (both of the same histogram).
+    pub fn since(&self, earlier: &HistogramSnapshot) -> HistogramSnapshot {
+        let counts: Vec<u64> = self
+            .counts
+            .iter()
+            .enumerate()
+            .map(|(i, c)| c.saturating_sub(earlier.counts.get(i).copied().unwrap_or(0)))
+            .collect();
+        HistogramSnapshot {
+            bounds: self.bounds,
+            count: counts.iter().sum(),
+            counts,
+            sum: (self.sum - earlier.sum).max(0.0),
+        }
+    }
+}
+
 pub fn header(out: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
@@ -71,4 +118,31 @@ pub fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_counts_per_bucket_and_subtracts() {
+        static BOUNDS: &[f64] = &[0.1, 1.0];
+        let h = Histogram::new(BOUNDS);
+        h.observe(Duration::from_millis(50));
+        let first = h.snapshot();
+        assert_eq!(first.counts, vec![1, 0, 0]);
+        assert_eq!(first.count, 1);
+        h.observe(Duration::from_millis(500));
+        h.observe(Duration::from_millis(500));
+        h.observe(Duration::from_secs(5));
+        let second = h.snapshot();
+        assert_eq!(second.counts, vec![1, 2, 1]);
+        assert_eq!(second.count, 4);
+        assert!((second.sum - 6.05).abs() < 1e-9, "{}", second.sum);
+        let delta = second.since(&first);
+        assert_eq!(delta.counts, vec![0, 2, 1]);
+        assert_eq!(delta.count, 3);
+        assert!((delta.sum - 6.0).abs() < 1e-9, "{}", delta.sum);
+        assert_eq!(delta.bounds, BOUNDS);
+    }
 }

@@ -7,6 +7,7 @@
 //! - [`policy`]: the policy file, its validation and reload.
 //! - [`server`], [`routes`], [`tls`]: listening, routing, certificates.
 //! - [`bundled`]: the supervised bundled engine.
+//! - [`ui`]: the status page (`/ui`).
 
 pub mod app;
 pub mod body;
@@ -19,3 +20,4 @@ pub mod routes;
 pub mod server;
 pub mod telemetry;
 pub mod tls;
+pub mod ui;

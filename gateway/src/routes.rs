@@ -8,6 +8,7 @@
 //! | `GET /readyz` | 200 when the upstream (every engine rank) is ready, else 503 |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /admin/policy` | the policy in force: hash, load time, effective values (admin key) |
+//! | `GET /ui`, `GET /ui/stats` | the status page and its figures ([`crate::ui`]) |
 
 use std::convert::Infallible;
 
@@ -48,6 +49,9 @@ impl Router {
                 Ok(self.app.metrics.response(&self.app.admission.snapshot()))
             }
             ("/admin/policy", &Method::GET) => self.admin_policy(&req),
+            ("/ui", &Method::GET) => Ok(crate::ui::page()),
+            ("/ui/", &Method::GET) => Ok(crate::ui::redirect()),
+            ("/ui/stats", &Method::GET) => Ok(crate::ui::stats(&self.app)),
             ("/v1/models" | "/healthz" | "/readyz" | "/metrics" | "/admin/policy", _) => {
                 Err(not_allowed(&req, "GET"))
             }
