@@ -9,6 +9,7 @@
 //! - [`bundled`]: the supervised bundled engine.
 //! - [`ui`]: the status page (`/ui`).
 
+pub mod alerts;
 pub mod app;
 pub mod body;
 pub mod bundled;

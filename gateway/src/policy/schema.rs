@@ -195,29 +195,48 @@ fn default_burst() -> u32 {
     10
 }
 
-/// `[alerts]`: where and when the gateway raises alerts (see the observability docs).
+/// `[alerts]`: where the gateway posts its own alerts, and when the load-shedding alert fires
+/// (see `docs/policy.md` and [`crate::alerts`]).
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Alerts {
-    /// Webhook URLs (Alertmanager-compatible) that receive alerts.
+    /// Alertmanager base URLs (`http://host:9093`); alerts go to `{url}/api/v2/alerts`.
+    pub alertmanager_urls: Vec<String>,
+    /// Plain JSON webhooks: each alert change and repeat is `POST`ed to the URL as is.
     pub webhooks: Vec<String>,
-    /// Shed responses per second, over `window`, that raise the shedding alert.
-    pub shed_rate: f64,
-    /// Queue-time p95 that raises the queueing alert.
+    /// Share of the requests ended over `window` that were shed (503 `overloaded` or
+    /// `queue_timeout`) at which `SluiceLoadShedding` fires.
+    pub shed_ratio: f64,
+    /// A firing shedding alert resolves only once the share falls below this (hysteresis).
+    pub resolve_ratio: f64,
+    /// Fewest requests ended over `window` for the share to fire the alert.
+    pub min_requests: u64,
+    /// Queue-time p95 that raises the queueing alert (Prometheus rules).
     #[serde(with = "super::duration")]
     pub queue_p95: Duration,
-    /// The window the rates and percentiles are taken over.
+    /// The sliding window the shed share is taken over.
     #[serde(with = "super::duration")]
     pub window: Duration,
+    /// How often the shed share is sampled and the alerts evaluated.
+    #[serde(with = "super::duration")]
+    pub evaluate_every: Duration,
+    /// How often a firing alert is sent again.
+    #[serde(with = "super::duration")]
+    pub repeat_interval: Duration,
 }
 
 impl Default for Alerts {
     fn default() -> Self {
         Self {
+            alertmanager_urls: Vec::new(),
             webhooks: Vec::new(),
-            shed_rate: 0.1,
+            shed_ratio: 0.1,
+            resolve_ratio: 0.05,
+            min_requests: 20,
             queue_p95: Duration::from_secs(10),
             window: Duration::from_secs(60),
+            evaluate_every: Duration::from_secs(5),
+            repeat_interval: Duration::from_secs(60),
         }
     }
 }

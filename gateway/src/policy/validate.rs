@@ -25,8 +25,12 @@ pub const RANKS_MAX: usize = 30;
 /// (outside it the GCRA period does not fit a `Duration` or rounds to zero).
 pub const RPS_MIN: f64 = 0.001;
 pub const RPS_MAX: f64 = 1_000_000.0;
-/// The longest `alerts.window`.
+/// The longest `alerts.window` and `alerts.repeat_interval`.
 pub const ALERT_WINDOW_MAX: Duration = Duration::from_secs(24 * 3600);
+/// The shortest `alerts.evaluate_every`.
+pub const ALERT_EVALUATE_MIN: Duration = Duration::from_millis(100);
+/// The most samples of the counters one `alerts.window` may hold (`window / evaluate_every`).
+pub const ALERT_SAMPLES_MAX: u128 = 20_000;
 
 /// One broken rule: the key it is about and what is wrong with it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -319,19 +323,84 @@ fn tenants(ts: &[Tenant], admin: &Admin, out: &mut Problems) {
 }
 
 fn alerts(al: &Alerts, out: &mut Problems) {
+    for (i, url) in al.alertmanager_urls.iter().enumerate() {
+        if let Err(why) = alertmanager_url(url) {
+            out.add(format!("alerts.alertmanager_urls[{i}]"), why);
+        }
+    }
     for (i, url) in al.webhooks.iter().enumerate() {
         if let Err(why) = webhook_url(url) {
             out.add(format!("alerts.webhooks[{i}]"), why);
         }
     }
-    if !al.shed_rate.is_finite() || al.shed_rate <= 0.0 {
+    let shed_ok = al.shed_ratio.is_finite() && al.shed_ratio > 0.0 && al.shed_ratio <= 1.0;
+    if !shed_ok {
         out.add(
-            "alerts.shed_rate",
-            format!("{} must be a positive number", al.shed_rate),
+            "alerts.shed_ratio",
+            format!(
+                "{} must be a share above 0 and at most 1 (0.1: a tenth of the requests shed)",
+                al.shed_ratio
+            ),
+        );
+    }
+    if !al.resolve_ratio.is_finite() || al.resolve_ratio < 0.0 {
+        out.add(
+            "alerts.resolve_ratio",
+            format!("{} must be a share of at least 0", al.resolve_ratio),
+        );
+    } else if shed_ok && al.resolve_ratio > al.shed_ratio {
+        out.add(
+            "alerts.resolve_ratio",
+            format!(
+                "{} is larger than alerts.shed_ratio ({}); the alert would never stay firing",
+                al.resolve_ratio, al.shed_ratio
+            ),
+        );
+    }
+    if al.min_requests == 0 {
+        out.add(
+            "alerts.min_requests",
+            "must be at least 1 (an empty window sheds nothing)",
         );
     }
     out.duration("alerts.queue_p95", al.queue_p95, DURATION_MAX, false);
     out.duration("alerts.window", al.window, ALERT_WINDOW_MAX, false);
+    out.duration(
+        "alerts.repeat_interval",
+        al.repeat_interval,
+        ALERT_WINDOW_MAX,
+        false,
+    );
+    let every = al.evaluate_every;
+    if every < ALERT_EVALUATE_MIN {
+        out.add(
+            "alerts.evaluate_every",
+            format!(
+                "{} is shorter than the shortest allowed, {}",
+                humantime::format_duration(every),
+                humantime::format_duration(ALERT_EVALUATE_MIN)
+            ),
+        );
+    } else if every > al.window {
+        out.add(
+            "alerts.evaluate_every",
+            format!(
+                "{} is longer than alerts.window ({})",
+                humantime::format_duration(every),
+                humantime::format_duration(al.window)
+            ),
+        );
+    } else if al.window.as_millis() / every.as_millis() > ALERT_SAMPLES_MAX {
+        out.add(
+            "alerts.evaluate_every",
+            format!(
+                "{} is too short for alerts.window ({}): at most {ALERT_SAMPLES_MAX} samples \
+                 per window",
+                humantime::format_duration(every),
+                humantime::format_duration(al.window)
+            ),
+        );
+    }
 }
 
 fn admin(ad: &Admin, out: &mut Problems) {
@@ -383,4 +452,17 @@ fn base_url(s: &str) -> Result<(), String> {
 /// A webhook: any `http(s)://host...` URL.
 fn webhook_url(s: &str) -> Result<(), String> {
     http_uri(s).map(|_| ())
+}
+
+/// An Alertmanager base URL: `http(s)://host[:port][/prefix]`, no query (`/api/v2/alerts` is
+/// appended).
+fn alertmanager_url(s: &str) -> Result<(), String> {
+    let uri = http_uri(s)?;
+    if uri.query().is_some() || uri.path().contains("/api/") {
+        return Err(format!(
+            "{s:?} must be Alertmanager's base URL, e.g. http://127.0.0.1:9093 \
+             (/api/v2/alerts is appended)"
+        ));
+    }
+    Ok(())
 }

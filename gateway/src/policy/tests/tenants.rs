@@ -97,14 +97,56 @@ refused!(
     "alerts.webhooks[1]"
 );
 refused!(
-    alerts_shed_rate_zero,
-    "[alerts]\nshed_rate = 0.0",
-    "alerts.shed_rate"
+    alerts_alertmanager_url_not_a_url,
+    "[alerts]\nalertmanager_urls = [\"127.0.0.1:9093\"]",
+    "line 2, column 22: alerts.alertmanager_urls[0]"
 );
 refused!(
-    alerts_shed_rate_nan,
-    "[alerts]\nshed_rate = nan",
-    "alerts.shed_rate"
+    alerts_alertmanager_url_with_api_path,
+    "[alerts]\nalertmanager_urls = [\"http://am:9093/api/v2/alerts\"]",
+    "alerts.alertmanager_urls[0]",
+    "base URL"
+);
+refused!(
+    alerts_shed_ratio_zero,
+    "[alerts]\nshed_ratio = 0.0",
+    "alerts.shed_ratio"
+);
+refused!(
+    alerts_shed_ratio_above_one,
+    "[alerts]\nshed_ratio = 1.5",
+    "alerts.shed_ratio"
+);
+refused!(
+    alerts_shed_ratio_nan,
+    "[alerts]\nshed_ratio = nan",
+    "alerts.shed_ratio"
+);
+refused!(
+    alerts_shed_ratio_as_string,
+    "[alerts]\nshed_ratio = \"10%\"",
+    "line 2, column 14"
+);
+refused!(
+    alerts_resolve_ratio_negative,
+    "[alerts]\nresolve_ratio = -0.1",
+    "alerts.resolve_ratio"
+);
+refused!(
+    alerts_resolve_ratio_above_shed_ratio,
+    "[alerts]\nshed_ratio = 0.2\nresolve_ratio = 0.3",
+    "line 3, column 17: alerts.resolve_ratio",
+    "alerts.shed_ratio (0.2)"
+);
+refused!(
+    alerts_min_requests_zero,
+    "[alerts]\nmin_requests = 0",
+    "alerts.min_requests"
+);
+refused!(
+    alerts_min_requests_negative,
+    "[alerts]\nmin_requests = -1",
+    "line 2"
 );
 refused!(
     alerts_queue_p95_zero,
@@ -133,6 +175,48 @@ refused!(
     "[alerts]\nwindow = \"25h\"",
     "alerts.window"
 );
+refused!(
+    alerts_evaluate_every_too_short,
+    "[alerts]\nevaluate_every = \"10ms\"",
+    "alerts.evaluate_every",
+    "100ms"
+);
+refused!(
+    alerts_evaluate_every_longer_than_window,
+    "[alerts]\nwindow = \"10s\"\nevaluate_every = \"20s\"",
+    "line 3, column 18: alerts.evaluate_every",
+    "alerts.window"
+);
+refused!(
+    alerts_evaluate_every_too_many_samples,
+    "[alerts]\nwindow = \"24h\"\nevaluate_every = \"1s\"",
+    "alerts.evaluate_every",
+    "samples"
+);
+refused!(
+    alerts_repeat_interval_zero,
+    "[alerts]\nrepeat_interval = \"0s\"",
+    "alerts.repeat_interval"
+);
+refused!(
+    alerts_old_shed_rate_key,
+    "[alerts]\nshed_rate = 0.1",
+    "shed_rate"
+);
+
+#[test]
+fn alerts_resolve_ratio_equal_to_shed_ratio_is_accepted() {
+    // No hysteresis, but consistent: fires at the share, resolves below it.
+    let text = "[alerts]\nalertmanager_urls = [\"http://127.0.0.1:9093/prefix\"]\n\
+                shed_ratio = 0.3\nresolve_ratio = 0.3\nevaluate_every = \"100ms\"\n\
+                window = \"10s\"";
+    let p = parse(text).expect("equal ratios");
+    assert_eq!(p.alerts.resolve_ratio, p.alerts.shed_ratio);
+    assert_eq!(
+        p.alerts.alertmanager_urls,
+        vec!["http://127.0.0.1:9093/prefix"]
+    );
+}
 refused!(
     admin_key_not_hex,
     "[admin]\napi_key_sha256 = \"hunter2\"",
