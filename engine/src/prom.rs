@@ -27,16 +27,27 @@ impl Histogram {
     }
 
     pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
+        self.record(
+            d.as_secs_f64(),
+            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+        );
+    }
+
+    /// Observes a plain value (a token count) instead of a duration.
+    pub fn observe_value(&self, v: f64) {
+        self.record(v, (v * 1e9) as u64);
+    }
+
+    /// `v` in its bucket; `nanos` (`v` × 10⁹) added to the sum.
+    fn record(&self, v: f64, nanos: u64) {
         let i = self
             .bounds
             .iter()
-            .position(|&b| secs <= b)
+            .position(|&b| v <= b)
             .unwrap_or(self.bounds.len());
         if let Some(c) = self.counts.get(i) {
             c.fetch_add(1, Ordering::Relaxed);
         }
-        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
@@ -56,8 +67,15 @@ impl Histogram {
         }
     }
 
+    /// Writes the histogram; `labels` (`a="b",c="d"`, or empty) go on every line.
     pub fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         header(out, name, help, "histogram");
+        let sep = if labels.is_empty() { "" } else { "," };
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
         let mut cumulative = 0u64;
         for (i, count) in self.counts.iter().enumerate() {
             cumulative += count.load(Ordering::Relaxed);
@@ -65,11 +83,14 @@ impl Histogram {
                 .bounds
                 .get(i)
                 .map_or_else(|| "+Inf".to_owned(), |b| format!("{b:?}"));
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}"
+            );
         }
         let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
-        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+        let _ = writeln!(out, "{name}_sum{braces} {sum}");
+        let _ = writeln!(out, "{name}_count{braces} {cumulative}");
     }
 }
 

@@ -1,13 +1,14 @@
 //! The gateway application: its shared parts and the one function that builds the stack.
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::util::BoxCloneSyncService;
 use tower::ServiceBuilder;
 
+use crate::alerts::Alerter;
 use crate::body::GatewayBody;
 use crate::forward::{Forward, Upstream};
 use crate::middleware::admission::{Admission, AdmissionLayer, Limits};
@@ -32,6 +33,8 @@ pub struct App {
     pub admission: Arc<Admission>,
     pub upstream: Arc<dyn Upstream>,
     pub metrics: Arc<Metrics>,
+    /// The alerter, when one runs (its state is part of `/metrics`).
+    pub alerter: Arc<OnceLock<Alerter>>,
     /// The model name clients see.
     pub model: String,
 }
@@ -56,6 +59,7 @@ impl App {
             admission,
             upstream,
             metrics: Arc::default(),
+            alerter: Arc::default(),
             model,
         }
     }
@@ -96,6 +100,6 @@ pub fn stack(app: &App, counter: Arc<dyn TokenCounter>) -> Stack {
             app.admission.clone(),
             app.metrics.clone(),
         ))
-        .service(Forward::new(app.upstream.clone()));
+        .service(Forward::new(app.upstream.clone(), app.policy.clone()));
     BoxCloneSyncService::new(service)
 }

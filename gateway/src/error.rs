@@ -193,7 +193,7 @@ impl GatewayError {
     }
 
     /// The `code` in the body: the request's own code when a field error carries one.
-    fn code(&self) -> &str {
+    pub fn code(&self) -> &str {
         match self {
             Self::InvalidRequest { code: Some(c), .. } => c,
             _ => self.class().code,

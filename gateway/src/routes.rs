@@ -45,9 +45,7 @@ impl Router {
             ("/v1/models", &Method::GET) => self.models(req),
             ("/healthz", &Method::GET) => Ok(json_ok(StatusCode::OK, &json!({"status": "ok"}))),
             ("/readyz", &Method::GET) => Ok(self.readyz()),
-            ("/metrics", &Method::GET) => {
-                Ok(self.app.metrics.response(&self.app.admission.snapshot()))
-            }
+            ("/metrics", &Method::GET) => Ok(self.metrics()),
             ("/admin/policy", &Method::GET) => self.admin_policy(&req),
             ("/ui", &Method::GET) => Ok(crate::ui::page()),
             ("/ui/", &Method::GET) => Ok(crate::ui::redirect()),
@@ -104,6 +102,23 @@ impl Router {
                 "policy": loaded.policy,
             }),
         ))
+    }
+
+    /// The gateway's metrics, the engine's ranks and the alerter's state.
+    fn metrics(&self) -> Response<GatewayBody> {
+        let app = &self.app;
+        let mut text = app
+            .metrics
+            .render(&app.admission.snapshot(), &app.upstream.ranks());
+        if let Some(alerter) = app.alerter.get() {
+            text.push_str(&alerter.render_prometheus());
+        }
+        let mut resp = Response::new(body::full(text));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(sluice_engine::prom::CONTENT_TYPE),
+        );
+        resp
     }
 
     fn readyz(&self) -> Response<GatewayBody> {

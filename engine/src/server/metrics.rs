@@ -175,6 +175,8 @@ pub(crate) fn render(model: &str, m: &MetricsSnapshot, http: &HttpMetrics) -> St
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

@@ -33,6 +33,17 @@ pub use config::{Backoff, BundledConfig, ENGINE_BIN_ENV, ENGINE_BIN_NAME};
 pub use error::SupervisorError;
 pub use supervisor::Supervisor;
 
+/// One engine rank as its `/health` last reported it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RankStatus {
+    pub rank: usize,
+    pub up: bool,
+    /// First and last transformer block it holds.
+    pub layers: [usize; 2],
+    pub kv_tokens_total: u64,
+    pub kv_tokens_used: u64,
+}
+
 /// Where the bundled engine stands, as seen by its supervisor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineState {

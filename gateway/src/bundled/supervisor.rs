@@ -10,7 +10,7 @@ use tokio::process::Child;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{child, health, BundledConfig, EngineState, SupervisorError};
+use super::{child, health, BundledConfig, EngineState, RankStatus, SupervisorError};
 
 /// Health poll period while the engine starts.
 const START_POLL: Duration = Duration::from_millis(500);
@@ -40,6 +40,8 @@ struct Shared {
     pid: AtomicU32,
     /// Why the engine last stopped or failed to start.
     last_error: Mutex<Option<String>>,
+    /// The ranks as the last health check saw them.
+    ranks: Mutex<Vec<RankStatus>>,
 }
 
 impl Supervisor {
@@ -101,6 +103,15 @@ impl Supervisor {
             0 => None,
             pid => Some(pid),
         }
+    }
+
+    /// The engine's ranks as the last health check saw them (all down when it did not answer).
+    pub fn ranks(&self) -> Vec<RankStatus> {
+        self.shared
+            .ranks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Why the engine last exited, failed to start or was killed (for status pages and logs).
@@ -211,12 +222,13 @@ impl Task {
         loop {
             let period = if was_ready { READY_POLL } else { START_POLL };
             let stop = &mut self.stop;
+            let shared = &self.shared;
             let event = tokio::select! {
                 status = child.wait() => Event::Exited(status),
                 _ = stop.wait_for(|stop| *stop) => Event::Stop,
                 health = async {
                     tokio::time::sleep(period).await;
-                    health::probe(addr, PROBE_TIMEOUT).await
+                    health::probe(addr, PROBE_TIMEOUT, &shared.ranks).await
                 } => Event::Health(health),
             };
             match event {

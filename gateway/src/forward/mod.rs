@@ -5,6 +5,7 @@
 //! - [`upstream`]: where requests go (the bundled engine, or OpenAI-compatible URLs).
 //! - [`service`]: the forwarding service.
 
+mod idle;
 mod service;
 pub mod upstream;
 

@@ -14,6 +14,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::Service;
 
+use super::idle::IdleBody;
 use super::upstream::Upstream;
 use crate::body::{BoxError, GatewayBody};
 use crate::error::GatewayError;
@@ -21,6 +22,7 @@ use crate::middleware::auth::PRIORITY_HEADER;
 use crate::middleware::count::{PromptTokens, PROMPT_TOKENS_HEADER};
 use crate::middleware::parse::Json;
 use crate::middleware::request_id::{RequestId, RequestTrace, REQUEST_ID_HEADER};
+use crate::policy::PolicyStore;
 
 /// The HTTP client to upstreams.
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -38,13 +40,15 @@ pub fn http_client() -> HttpClient {
 pub struct Forward {
     client: HttpClient,
     upstream: Arc<dyn Upstream>,
+    policy: Arc<PolicyStore>,
 }
 
 impl Forward {
-    pub fn new(upstream: Arc<dyn Upstream>) -> Self {
+    pub fn new(upstream: Arc<dyn Upstream>, policy: Arc<PolicyStore>) -> Self {
         Self {
             client: http_client(),
             upstream,
+            policy,
         }
     }
 }
@@ -61,6 +65,7 @@ impl Service<Request<Json>> for Forward {
     fn call(&mut self, req: Request<Json>) -> Self::Future {
         let client = self.client.clone();
         let upstream = self.upstream.clone();
+        let idle = self.policy.current().policy.upstream.idle_timeout;
         Box::pin(async move {
             let target = upstream.target()?;
             let (parts, json) = req.into_parts();
@@ -91,9 +96,9 @@ impl Service<Request<Json>> for Forward {
                     h.insert("traceparent", v);
                 }
             }
-            let resp = client
-                .request(out)
+            let resp = tokio::time::timeout(idle, client.request(out))
                 .await
+                .map_err(|_| GatewayError::UpstreamTimeout(idle))?
                 .map_err(|e| upstream.connect_error(&target, &e))?;
             let (mut rparts, incoming) = resp.into_parts();
             let mut headers = HeaderMap::new();
@@ -102,9 +107,15 @@ impl Service<Request<Json>> for Forward {
                 headers.insert(PROMPT_TOKENS_HEADER, HeaderValue::from(p.0));
             }
             rparts.headers = headers;
+            let sse = rparts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
             let body = incoming
                 .map_err(|e| -> BoxError { Box::new(e) })
                 .boxed_unsync();
+            let body = IdleBody::new(body, idle, sse).boxed_unsync();
             Ok(Response::from_parts(rparts, body))
         })
     }

@@ -74,7 +74,13 @@ async fn requests_go_out_whole_and_responses_stream_back_chunk_by_chunk() {
     let trace = RequestTrace::from_header(None);
     req.extensions_mut().insert(trace);
     req.extensions_mut().insert(PromptTokens(12));
-    let resp = Forward::new(up).oneshot(req).await.expect("forwarded");
+    let resp = Forward::new(
+        up,
+        crate::policy::PolicyStore::new(crate::policy::LoadedPolicy::defaults()),
+    )
+    .oneshot(req)
+    .await
+    .expect("forwarded");
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.headers()["x-sluice-prompt-tokens"], "12");
     assert!(
@@ -123,7 +129,13 @@ async fn an_unreachable_upstream_is_engine_unavailable() {
             value: json!({"prompt": "hi"}),
         })
         .expect("request");
-    let e = Forward::new(up).oneshot(req).await.expect_err("refused");
+    let e = Forward::new(
+        up,
+        crate::policy::PolicyStore::new(crate::policy::LoadedPolicy::defaults()),
+    )
+    .oneshot(req)
+    .await
+    .expect_err("refused");
     assert!(
         matches!(e, crate::error::GatewayError::EngineUnavailable(_)),
         "{e:?}"

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use http::Uri;
 
-use crate::bundled::Supervisor;
+use crate::bundled::{RankStatus, Supervisor};
 use crate::error::GatewayError;
 
 /// An upstream base address (`http://host:port`).
@@ -29,6 +29,10 @@ pub trait Upstream: Send + Sync + std::fmt::Debug + 'static {
     fn target(&self) -> Result<Target, GatewayError>;
     /// Whether requests can be served now (`/readyz`).
     fn is_ready(&self) -> bool;
+    /// The engine's ranks, when the upstream is the bundled engine.
+    fn ranks(&self) -> Vec<RankStatus> {
+        Vec::new()
+    }
     /// The answer a failed connection deserves.
     fn connect_error(&self, target: &Target, e: &dyn std::fmt::Display) -> GatewayError {
         GatewayError::EngineUnavailable(format!("cannot reach {}: {e}", target.base))
@@ -93,5 +97,9 @@ impl Upstream for BundledUpstream {
 
     fn is_ready(&self) -> bool {
         self.supervisor.is_ready()
+    }
+
+    fn ranks(&self) -> Vec<RankStatus> {
+        self.supervisor.ranks()
     }
 }

@@ -13,6 +13,7 @@ use subtle::ConstantTimeEq;
 use super::check::Check;
 use crate::error::GatewayError;
 use crate::policy::{Class, PolicyStore, Tenant};
+use crate::telemetry::RequestRecord;
 
 /// The header a caller may use to lower its priority.
 pub const PRIORITY_HEADER: &str = "x-sluice-priority";
@@ -63,6 +64,9 @@ impl<B> Check<B> for Auth {
             .and_then(Class::parse);
         // A caller may lower its class, never raise it.
         let class = asked.map_or(own, |c| c.min(own));
+        if let Some(r) = req.extensions().get::<RequestRecord>() {
+            r.set_class(class);
+        }
         req.extensions_mut().insert(Caller { tenant, class });
         Ok(())
     }

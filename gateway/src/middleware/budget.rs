@@ -24,6 +24,7 @@ use super::cap::MaxTokens;
 use super::count::PromptTokens;
 use crate::body::{BoxError, GatewayBody};
 use crate::error::GatewayError;
+use crate::telemetry::UsageScanner;
 
 /// The window a budget covers.
 const WINDOW: Duration = Duration::from_secs(60);
@@ -185,8 +186,7 @@ where
                         inner: b,
                         charge,
                         prompt,
-                        scan: Vec::new(),
-                        completion: None,
+                        usage: UsageScanner::default(),
                     }
                     .boxed_unsync()
                 })),
@@ -200,46 +200,13 @@ where
     }
 }
 
-/// Passes the body through, reading the last `"completion_tokens": N` it carries.
+/// Passes the body through, reading the usage it carries.
 #[derive(Debug)]
 struct UsageBody {
     inner: GatewayBody,
     charge: Charge,
     prompt: u64,
-    /// The tail of the bytes seen (a key may straddle two frames).
-    scan: Vec<u8>,
-    completion: Option<u64>,
-}
-
-const KEY: &[u8] = b"\"completion_tokens\":";
-
-impl UsageBody {
-    fn scan(&mut self, data: &[u8]) {
-        self.scan.extend_from_slice(data);
-        let mut i = 0;
-        while let Some(pos) = find(&self.scan[i..], KEY) {
-            let start = i + pos + KEY.len();
-            let digits: Vec<u8> = self.scan[start..]
-                .iter()
-                .skip_while(|b| b.is_ascii_whitespace())
-                .take_while(|b| b.is_ascii_digit())
-                .copied()
-                .collect();
-            if let Some(n) = std::str::from_utf8(&digits)
-                .ok()
-                .and_then(|s| s.parse().ok())
-            {
-                self.completion = Some(n);
-            }
-            i = start;
-        }
-        let keep = self.scan.len().saturating_sub(KEY.len() + 24);
-        self.scan.drain(..keep);
-    }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+    usage: UsageScanner,
 }
 
 impl Body for UsageBody {
@@ -254,7 +221,7 @@ impl Body for UsageBody {
         if let Poll::Ready(Some(Ok(f))) = &polled {
             if let Some(d) = f.data_ref() {
                 let d = d.clone();
-                self.scan(&d);
+                self.usage.push(&d);
             }
         }
         polled
@@ -271,7 +238,7 @@ impl Body for UsageBody {
 
 impl Drop for UsageBody {
     fn drop(&mut self) {
-        if let Some(c) = self.completion {
+        if let Some(c) = self.usage.completion_tokens() {
             self.charge.settle(self.prompt + c);
         }
     }

@@ -16,6 +16,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use super::parse::Json;
 use crate::error::GatewayError;
+use crate::telemetry::RequestRecord;
 
 /// The response header with the prompt's token count taken on arrival.
 pub const PROMPT_TOKENS_HEADER: &str = "x-sluice-prompt-tokens";
@@ -119,6 +120,9 @@ where
         Box::pin(async move {
             let (mut parts, json) = req.into_parts();
             let (tokens, json) = count(counter, json).await?;
+            if let Some(r) = parts.extensions.get::<RequestRecord>() {
+                r.set_prompt_tokens(tokens);
+            }
             parts.extensions.insert(PromptTokens(tokens));
             inner.oneshot(Request::from_parts(parts, json)).await
         })

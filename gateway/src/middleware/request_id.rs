@@ -20,7 +20,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::body::GatewayBody;
 use crate::error::GatewayError;
-use crate::telemetry::{Metrics, Outcome, OutcomeBody, OutcomeGuard};
+use crate::telemetry::{Metrics, OutcomeGuard, RequestRecord};
 use http_body_util::BodyExt;
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -118,18 +118,18 @@ where
         let id = RequestId(id.into());
         req.extensions_mut().insert(id.clone());
         req.extensions_mut().insert(trace);
+        let record = RequestRecord::new(tokio::time::Instant::now());
+        req.extensions_mut().insert(record.clone());
         let inner = self.inner.clone();
-        let guard = OutcomeGuard::accept(self.metrics.clone());
+        let guard = OutcomeGuard::accept(self.metrics.clone(), record);
         Box::pin(async move {
-            let result = inner.oneshot(req).await;
-            let metrics = guard.disarm();
-            let mut resp = match result {
+            let mut resp = match inner.oneshot(req).await {
                 Ok(resp) => {
                     let status = resp.status();
-                    resp.map(|b| OutcomeBody::new(b, status, metrics).boxed_unsync())
+                    resp.map(|b| guard.respond(b, status).boxed_unsync())
                 }
                 Err(e) => {
-                    metrics.ended(Outcome::of_error(&e));
+                    guard.refused(&e);
                     e.log(&id.0);
                     e.into_response()
                 }

@@ -129,6 +129,10 @@ pub struct Upstream {
     /// Bundled engine: how long its start may take before it counts as failed.
     #[serde(with = "super::duration")]
     pub start_timeout: Duration,
+    /// Longest silence from the upstream (waiting for its headers, or between two pieces of
+    /// its body) before the request is failed with `upstream_timeout`.
+    #[serde(with = "super::duration")]
+    pub idle_timeout: Duration,
 }
 
 impl Default for Upstream {
@@ -140,6 +144,7 @@ impl Default for Upstream {
             tokenizer: None,
             ranks: 3,
             start_timeout: Duration::from_secs(120),
+            idle_timeout: Duration::from_secs(300),
         }
     }
 }

@@ -259,6 +259,7 @@ fn upstream(u: &Upstream, out: &mut Problems) {
             );
         }
     }
+    out.duration("upstream.idle_timeout", u.idle_timeout, DURATION_MAX, false);
     if u.model.as_ref().is_some_and(|m| m.trim().is_empty()) {
         out.add(
             "upstream.model",

@@ -1,57 +1,74 @@
 //! The gateway's counters and histograms, and `GET /metrics`.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Mutex, PoisonError};
 
-use http::{header, HeaderValue, Response};
-use sluice_engine::prom::{header as help, Histogram, CONTENT_TYPE};
+use sluice_engine::prom::{escape, header as help, Histogram};
 
 use super::outcome::Outcome;
-use crate::body::{self, GatewayBody};
+use crate::bundled::RankStatus;
 use crate::middleware::admission::Snapshot;
+use crate::policy::Class;
 
-/// Queue-time buckets (seconds): from instant admission to the 60 s default wait limit.
-const QUEUE_BUCKETS: &[f64] = &[
+/// Queue-wait buckets (seconds): from instant admission to past the 60 s default wait limit.
+const WAIT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0,
     300.0,
 ];
-/// Upstream-time buckets (seconds): vLLM's end-to-end buckets.
-const UPSTREAM_BUCKETS: &[f64] = &[
+/// Duration buckets (seconds): vLLM's end-to-end buckets, from milliseconds to half an hour.
+const DURATION_BUCKETS: &[f64] = &[
     0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0,
 ];
-/// Time-to-first-byte buckets (seconds): vLLM's TTFT buckets.
-const TTFB_BUCKETS: &[f64] = &[
+/// Time-to-first-token buckets (seconds): vLLM's.
+const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0,
 ];
+/// Token-count buckets: short agent calls to the 12,288-token window.
+const TOKEN_BUCKETS: &[f64] = &[
+    16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 6144.0, 8192.0, 12288.0, 16384.0,
+];
+
+/// The labels of `sluice_requests_total`.
+type OutcomeKey = (Outcome, String, Class);
 
 /// Everything the gateway counts.
 #[derive(Debug)]
 pub struct Metrics {
     accepted: AtomicU64,
-    outcomes: [AtomicU64; Outcome::ALL.len()],
+    outcomes: Mutex<BTreeMap<OutcomeKey, u64>>,
     reload_ok: AtomicU64,
     reload_error: AtomicU64,
-    /// Arrival at admission → slot granted (or given up).
-    pub queue_time: Histogram,
-    /// Slot granted → the response's last byte.
-    pub upstream_time: Histogram,
-    /// Slot granted → the response's first body byte (the first token, when streaming).
-    pub upstream_first_byte: Histogram,
+    /// Arrival at admission → slot granted (or the wait ended otherwise).
+    pub queue_wait: Histogram,
+    /// Arrival → the response's first body byte (the first token of a stream).
+    pub time_to_first_token: Histogram,
+    /// Arrival → the response's last byte, as the client sees it.
+    pub request_duration: Histogram,
+    /// Sent upstream (slot granted) → the response's last byte: compute, not waiting.
+    pub upstream_duration: Histogram,
+    /// Prompt tokens per request, counted on arrival.
+    pub input_tokens: Histogram,
+    /// Completion tokens per request, from the response's usage.
+    pub output_tokens: Histogram,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         Self {
             accepted: AtomicU64::new(0),
-            outcomes: Default::default(),
+            outcomes: Mutex::default(),
             reload_ok: AtomicU64::new(0),
             reload_error: AtomicU64::new(0),
-            queue_time: Histogram::new(QUEUE_BUCKETS),
-            upstream_time: Histogram::new(UPSTREAM_BUCKETS),
-            upstream_first_byte: Histogram::new(TTFB_BUCKETS),
+            queue_wait: Histogram::new(WAIT_BUCKETS),
+            time_to_first_token: Histogram::new(TTFT_BUCKETS),
+            request_duration: Histogram::new(DURATION_BUCKETS),
+            upstream_duration: Histogram::new(DURATION_BUCKETS),
+            input_tokens: Histogram::new(TOKEN_BUCKETS),
+            output_tokens: Histogram::new(TOKEN_BUCKETS),
         }
     }
 }
@@ -62,9 +79,10 @@ impl Metrics {
         self.accepted.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A request ended.
-    pub fn ended(&self, outcome: Outcome) {
-        self.outcomes[outcome as usize].fetch_add(1, Ordering::Relaxed);
+    /// A request ended with `outcome`; `code` is its error code (`"none"` for none).
+    pub fn ended(&self, outcome: Outcome, code: &str, class: Class) {
+        let mut map = self.outcomes.lock().unwrap_or_else(PoisonError::into_inner);
+        *map.entry((outcome, code.to_owned(), class)).or_default() += 1;
     }
 
     /// Requests accepted so far.
@@ -72,9 +90,13 @@ impl Metrics {
         self.accepted.load(Ordering::Relaxed)
     }
 
-    /// Requests that ended with `outcome` so far.
+    /// Requests that ended with `outcome` so far, whatever their code and class.
     pub fn outcome_total(&self, outcome: Outcome) -> u64 {
-        self.outcomes[outcome as usize].load(Ordering::Relaxed)
+        let map = self.outcomes.lock().unwrap_or_else(PoisonError::into_inner);
+        map.iter()
+            .filter(|((o, _, _), _)| *o == outcome)
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// A policy reload was applied (`ok`) or refused.
@@ -87,37 +109,32 @@ impl Metrics {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn observe_queue(&self, d: Duration) {
-        self.queue_time.observe(d);
-    }
-
-    /// The Prometheus text of these metrics and the admission state.
-    pub fn render(&self, admission: &Snapshot) -> String {
+    /// The Prometheus text of these metrics, the admission state and the engine's ranks.
+    pub fn render(&self, admission: &Snapshot, ranks: &[RankStatus]) -> String {
         let mut out = String::new();
-        help(
+        counter(
             &mut out,
             "sluice_requests_accepted_total",
             "Requests that entered the gateway's stack.",
-            "counter",
-        );
-        let _ = writeln!(
-            out,
-            "sluice_requests_accepted_total {}",
-            self.accepted_total()
+            self.accepted_total(),
         );
         help(
             &mut out,
             "sluice_requests_total",
-            "Requests that ended, by outcome (accepted = the sum, at any quiet moment).",
+            "Requests that ended, by outcome, error code and class (accepted = the sum at any quiet moment).",
             "counter",
         );
-        for o in Outcome::ALL {
-            let _ = writeln!(
-                out,
-                "sluice_requests_total{{outcome=\"{}\"}} {}",
-                o.as_str(),
-                self.outcome_total(o)
-            );
+        {
+            let map = self.outcomes.lock().unwrap_or_else(PoisonError::into_inner);
+            for ((o, code, class), n) in map.iter() {
+                let _ = writeln!(
+                    out,
+                    "sluice_requests_total{{outcome=\"{}\",code=\"{}\",class=\"{}\"}} {n}",
+                    o.as_str(),
+                    escape(code),
+                    class.as_str()
+                );
+            }
         }
         help(
             &mut out,
@@ -135,24 +152,41 @@ impl Metrics {
             "sluice_policy_reloads_total{{result=\"error\"}} {}",
             self.reload_error.load(Ordering::Relaxed)
         );
-        self.queue_time.render(
-            &mut out,
-            "sluice_queue_time_seconds",
-            "Time from arrival at admission until a slot was granted or the wait ended.",
-            "stage=\"queue\"",
-        );
-        self.upstream_time.render(
-            &mut out,
-            "sluice_upstream_time_seconds",
-            "Time from slot granted to the response's last byte (compute, not waiting).",
-            "stage=\"upstream\"",
-        );
-        self.upstream_first_byte.render(
-            &mut out,
-            "sluice_upstream_first_byte_seconds",
-            "Time from slot granted to the response's first body byte.",
-            "stage=\"upstream\"",
-        );
+        let histograms = [
+            (
+                &self.queue_wait,
+                "sluice_queue_wait_seconds",
+                "Time from arrival at admission until a slot was granted or the wait ended.",
+            ),
+            (
+                &self.time_to_first_token,
+                "sluice_time_to_first_token_seconds",
+                "Time from arrival to the response's first body byte.",
+            ),
+            (
+                &self.request_duration,
+                "sluice_request_duration_seconds",
+                "Time from arrival to the response's last byte (waiting included).",
+            ),
+            (
+                &self.upstream_duration,
+                "sluice_upstream_duration_seconds",
+                "Time from sending upstream to the response's last byte (computing only).",
+            ),
+            (
+                &self.input_tokens,
+                "sluice_input_tokens",
+                "Prompt tokens per request, counted on arrival.",
+            ),
+            (
+                &self.output_tokens,
+                "sluice_output_tokens",
+                "Completion tokens per request, from the response's usage.",
+            ),
+        ];
+        for (h, name, text) in histograms {
+            h.render(&mut out, name, text, "");
+        }
         let gauges = [
             (
                 "sluice_active_requests",
@@ -175,8 +209,8 @@ impl Metrics {
                 admission.queue_depth,
             ),
         ];
-        for (name, h, v) in gauges {
-            help(&mut out, name, h, "gauge");
+        for (name, text, v) in gauges {
+            help(&mut out, name, text, "gauge");
             let _ = writeln!(out, "{name} {v}");
         }
         help(
@@ -195,14 +229,42 @@ impl Metrics {
             "sluice_queue_depth{{class=\"batch\"}} {}",
             admission.queued_batch
         );
+        render_ranks(&mut out, ranks);
         out
     }
+}
 
-    /// `GET /metrics`.
-    pub fn response(&self, admission: &Snapshot) -> Response<GatewayBody> {
-        let mut resp = Response::new(body::full(self.render(admission)));
-        resp.headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
-        resp
+fn counter(out: &mut String, name: &str, text: &str, v: u64) {
+    help(out, name, text, "counter");
+    let _ = writeln!(out, "{name} {v}");
+}
+
+/// A per-rank gauge: name, help, value.
+type RankGauge = (&'static str, &'static str, fn(&RankStatus) -> u64);
+
+/// The engine's ranks, relayed from its `/health`.
+fn render_ranks(out: &mut String, ranks: &[RankStatus]) {
+    let gauges: [RankGauge; 3] = [
+        (
+            "sluice_engine_rank_up",
+            "Whether the engine rank is up (1) or down (0), from its /health.",
+            |r| u64::from(r.up),
+        ),
+        (
+            "sluice_engine_kv_tokens_total",
+            "KV-cache capacity of the engine rank, in tokens.",
+            |r| r.kv_tokens_total,
+        ),
+        (
+            "sluice_engine_kv_tokens_used",
+            "KV-cache tokens in use on the engine rank.",
+            |r| r.kv_tokens_used,
+        ),
+    ];
+    for (name, text, value) in gauges {
+        help(out, name, text, "gauge");
+        for r in ranks {
+            let _ = writeln!(out, "{name}{{rank=\"{}\"}} {}", r.rank, value(r));
+        }
     }
 }

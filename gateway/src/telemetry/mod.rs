@@ -1,11 +1,18 @@
 //! What the gateway measures: request outcomes (every accepted request ends in exactly one),
-//! queue time apart from upstream time, policy reloads; rendered as Prometheus text.
+//! time waiting for admission apart from time upstream, tokens, policy reloads; rendered as
+//! Prometheus text.
 //!
-//! - [`metrics`]: the counters and histograms.
+//! - [`metrics`]: the counters and histograms, and `GET /metrics`.
 //! - [`outcome`]: how a request ended, and the body that records it at its end.
+//! - [`record`]: the facts the layers learn about a request on its way down.
+//! - [`usage`]: reading the completion-token count out of a response.
 
 pub mod metrics;
 pub mod outcome;
+pub mod record;
+pub mod usage;
 
 pub use metrics::Metrics;
 pub use outcome::{Outcome, OutcomeBody, OutcomeGuard};
+pub use record::RequestRecord;
+pub use usage::UsageScanner;

@@ -38,6 +38,13 @@ async fn the_gateway_fronts_the_real_bundled_engine() {
     let c = gw.client();
     let (status, _, ready) = c.json("GET", "/readyz", None).await;
     assert_eq!(status, StatusCode::OK, "{ready}");
+    // The engine's ranks are relayed in the gateway's /metrics.
+    let (_, _, metrics) = c.json("GET", "/metrics", None).await;
+    let metrics = metrics.as_str().unwrap_or_default().to_owned();
+    for rank in 0..3 {
+        let line = format!("sluice_engine_rank_up{{rank=\"{rank}\"}} 1");
+        assert!(metrics.contains(&line), "no `{line}` in\n{metrics}");
+    }
 
     // The gateway's count equals the engine's usage.prompt_tokens: chat, chat with tools,
     // text completion.

@@ -328,3 +328,51 @@ async fn shutdown_drains_a_stream_in_flight() {
         .expect("shutdown finishes once drained")
         .expect("task");
 }
+
+#[tokio::test]
+async fn a_stalled_upstream_hits_the_idle_timeout_with_an_explicit_error() {
+    let mut up = ScriptedUpstream::start().await;
+    let mut p = policy(4, 16);
+    p.upstream.idle_timeout = Duration::from_millis(500);
+    let gw = Gateway::start(p, up.upstream()).await;
+    let resp = gw
+        .client()
+        .send("POST", "/v1/chat/completions", Some(&chat()))
+        .await;
+    let arrival = up.next(Duration::from_secs(5)).await.expect("admitted");
+    let mut tx = arrival.tx;
+    tx.send_data(Bytes::from_static(b"data: {\"choices\":[]}\n\n"))
+        .await
+        .expect("send");
+    // Then nothing: the stream ends with an error event, never a clean end.
+    let t = Instant::now();
+    let mut body = resp.into_body();
+    let mut text = String::new();
+    while let Some(f) = body.frame().await {
+        match f {
+            Ok(f) => text.push_str(&String::from_utf8_lossy(&f.into_data().unwrap_or_default())),
+            Err(_) => break,
+        }
+    }
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(text.contains("upstream_timeout"), "{text}");
+    assert!(
+        eventually(Duration::from_secs(5), || gw
+            .app
+            .admission
+            .snapshot()
+            .active
+            == 0)
+        .await,
+        "the slot is freed"
+    );
+    assert_eq!(
+        gw.app
+            .metrics
+            .outcome_total(sluice_gateway::telemetry::Outcome::Error),
+        1
+    );
+    drop(tx);
+    gw.assert_accounted().await;
+    gw.shutdown().await;
+}

@@ -102,12 +102,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| file_name(&model));
     let policy_file = store.current().path.clone();
     let app = App::new(store, upstream, model_name);
+    // The status page's windowed percentiles sample from start-up.
+    sluice_gateway::ui::start(&app);
+    // The gateway's own alerts (load shedding, refused policy edits), posted per [alerts].
+    let alerter = sluice_gateway::alerts::Alerter::spawn(app.metrics.clone(), app.policy.clone());
+    let _ = app.alerter.set(alerter.clone());
     // Edits of the policy file (and SIGHUP) reload it; the handle stops watching when dropped.
     let _reloader = match policy_file {
         Some(path) => {
             let metrics = app.metrics.clone();
+            let alerter = alerter.clone();
             let on_result = move |r: Result<&LoadedPolicy, &PolicyError>| {
                 metrics.policy_reload(r.is_ok());
+                match r {
+                    Ok(_) => alerter.policy_reload_ok(),
+                    Err(e) => alerter.policy_reload_failed(&e.message),
+                }
             };
             Some(spawn_reloader(path, app.policy.clone(), on_result)?)
         }

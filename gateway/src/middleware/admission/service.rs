@@ -85,11 +85,11 @@ where
             let admitted = match acquire(admission, ticket).await {
                 Ok(a) => a,
                 Err(e) => {
-                    metrics.observe_queue(arrived.elapsed());
+                    metrics.queue_wait.observe(arrived.elapsed());
                     return Err(e);
                 }
             };
-            metrics.observe_queue(admitted.queued);
+            metrics.queue_wait.observe(admitted.queued);
             req.extensions_mut().insert(QueueTime(admitted.queued));
             let resp = inner.oneshot(req).await?;
             let (mut parts, body) = resp.into_parts();

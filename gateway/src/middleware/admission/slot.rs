@@ -14,13 +14,12 @@ use crate::telemetry::Metrics;
 use std::sync::Arc;
 
 /// A body that frees its slot when it ends, fails, or is dropped; it records the upstream
-/// time (slot granted → last byte) and time to first byte.
+/// time (slot granted → last byte).
 #[derive(Debug)]
 pub struct SlotBody {
     inner: GatewayBody,
     permit: Option<Permit>,
     metrics: Arc<Metrics>,
-    seen_data: bool,
 }
 
 impl SlotBody {
@@ -29,13 +28,14 @@ impl SlotBody {
             inner,
             permit: Some(permit),
             metrics,
-            seen_data: false,
         }
     }
 
     fn release(&mut self) {
         if let Some(p) = self.permit.take() {
-            self.metrics.upstream_time.observe(p.granted_at().elapsed());
+            self.metrics
+                .upstream_duration
+                .observe(p.granted_at().elapsed());
         }
     }
 }
@@ -57,14 +57,6 @@ impl Body for SlotBody {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.release(),
-            Poll::Ready(Some(Ok(f))) if !self.seen_data && f.is_data() => {
-                self.seen_data = true;
-                if let Some(p) = &self.permit {
-                    self.metrics
-                        .upstream_first_byte
-                        .observe(p.granted_at().elapsed());
-                }
-            }
             _ => {}
         }
         polled

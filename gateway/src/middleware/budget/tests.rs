@@ -55,8 +55,7 @@ async fn usage_in_the_response_settles_the_charge() {
         inner,
         charge,
         prompt: 100,
-        scan: Vec::new(),
-        completion: None,
+        usage: UsageScanner::default(),
     };
     let bytes = body.collect().await.expect("body").to_bytes();
     assert!(
@@ -68,20 +67,4 @@ async fn usage_in_the_response_settles_the_charge() {
         .charge("alice", 1000, 893)
         .expect("settled to the real usage");
     assert!(budgets.charge("alice", 1000, 1).is_err());
-}
-
-#[test]
-fn the_usage_key_is_found_across_frames() {
-    let budgets = Arc::new(TokenBudgets::default());
-    let charge = budgets.charge("alice", 1000, 600).expect("charge");
-    let mut body = UsageBody {
-        inner: body::full(""),
-        charge,
-        prompt: 0,
-        scan: Vec::new(),
-        completion: None,
-    };
-    body.scan(b"{\"usage\":{\"completion_tok");
-    body.scan(b"ens\":42}}");
-    assert_eq!(body.completion, Some(42));
 }

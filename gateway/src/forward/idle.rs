@@ -1,0 +1,148 @@
+//! The upstream's idle timeout: a body that fails when the upstream sends nothing for too long,
+//! so a stalled engine cannot hold a slot forever. A stream (`text/event-stream`) ends the way
+//! the engine ends a failed stream — an error event, then `data: [DONE]` — so the client never
+//! mistakes the cut for a normal end; any other body fails.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio::time::{Instant, Sleep};
+
+use crate::body::{BoxError, GatewayBody};
+use crate::error::GatewayError;
+
+/// A body that fails after `idle` without a frame.
+#[derive(Debug)]
+pub struct IdleBody {
+    inner: GatewayBody,
+    idle: Duration,
+    sleep: Pin<Box<Sleep>>,
+    /// The response is a server-sent-event stream.
+    sse: bool,
+    state: State,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum State {
+    Streaming,
+    /// The error event was sent; `[DONE]` comes next.
+    EventSent,
+    Done,
+}
+
+impl IdleBody {
+    pub fn new(inner: GatewayBody, idle: Duration, sse: bool) -> Self {
+        Self {
+            inner,
+            idle,
+            sleep: Box::pin(tokio::time::sleep(idle)),
+            sse,
+            state: State::Streaming,
+        }
+    }
+
+    fn error(&self) -> GatewayError {
+        GatewayError::UpstreamTimeout(self.idle)
+    }
+}
+
+impl Body for IdleBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.state {
+            State::Done => return Poll::Ready(None),
+            State::EventSent => {
+                self.state = State::Done;
+                return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
+                    b"data: [DONE]\n\n",
+                )))));
+            }
+            State::Streaming => {}
+        }
+        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            let deadline = Instant::now() + self.idle;
+            self.sleep.as_mut().reset(deadline);
+            if frame.is_none() {
+                self.state = State::Done;
+            }
+            return Poll::Ready(frame);
+        }
+        if self.sleep.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let err = self.error();
+        if self.sse {
+            self.state = State::EventSent;
+            let event = format!("data: {}\n\n", err.to_json());
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))));
+        }
+        self.state = State::Done;
+        Poll::Ready(Some(Err(Box::new(err))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.state == State::Done || (self.state == State::Streaming && self.inner.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    fn stalled() -> (
+        http_body_util::channel::Sender<Bytes, BoxError>,
+        GatewayBody,
+    ) {
+        let (tx, body) = http_body_util::channel::Channel::new(4);
+        (tx, body.boxed_unsync())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_stream_ends_with_an_error_event_and_done() {
+        let (mut tx, inner) = stalled();
+        let mut body = IdleBody::new(inner, Duration::from_secs(300), true);
+        tx.send_data(Bytes::from_static(b"data: {}\n\n"))
+            .await
+            .expect("send");
+        let first = body.frame().await.expect("frame").expect("ok");
+        assert_eq!(first.into_data().expect("data"), "data: {}\n\n");
+        // Nothing for 300 s: the error event, then the error.
+        let started = Instant::now();
+        let event = body.frame().await.expect("frame").expect("ok");
+        assert_eq!(started.elapsed(), Duration::from_secs(300));
+        let text = String::from_utf8(event.into_data().expect("data").to_vec()).expect("utf8");
+        assert!(text.contains("upstream_timeout"), "{text}");
+        let done = body.frame().await.expect("frame").expect("ok");
+        assert_eq!(done.into_data().expect("data"), "data: [DONE]\n\n");
+        assert!(body.frame().await.is_none());
+        drop(tx);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn frames_reset_the_clock_and_a_plain_body_just_fails() {
+        let (mut tx, inner) = stalled();
+        let mut body = IdleBody::new(inner, Duration::from_secs(10), false);
+        for _ in 0..5 {
+            tokio::time::advance(Duration::from_secs(9)).await;
+            tx.send_data(Bytes::from_static(b"x")).await.expect("send");
+            assert!(body.frame().await.expect("frame").is_ok());
+        }
+        let err = body.frame().await.expect("frame").expect_err("idle");
+        assert!(err.to_string().contains("sent nothing"), "{err}");
+    }
+}
