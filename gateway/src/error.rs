@@ -84,7 +84,9 @@ pub enum GatewayError {
 pub enum LogLevel {
     /// The client's mistake.
     Debug,
-    /// Policy doing its job (shedding, rate limits).
+    /// Policy doing its job (rate limits, queue timeouts). Shedding is logged at debug: under
+    /// overload it happens thousands of times a second, and `/metrics` and the shedding alert
+    /// already say it.
     Info,
     /// Something upstream or inside is wrong.
     Warn,
@@ -144,7 +146,7 @@ impl GatewayError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "overloaded_error",
                 "overloaded",
-                Info,
+                Debug,
             ),
             QueueTimeout { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tower::{Layer, Service};
@@ -22,7 +21,7 @@ use tower::{Layer, Service};
 use super::auth::Caller;
 use super::cap::MaxTokens;
 use super::count::PromptTokens;
-use crate::body::{BoxError, GatewayBody};
+use crate::body::{GatewayBody, Tap, TapBody};
 use crate::error::GatewayError;
 use crate::telemetry::UsageScanner;
 
@@ -182,13 +181,12 @@ where
             let resp = fut.await;
             match resp {
                 Ok(resp) => Ok(resp.map(|b| {
-                    UsageBody {
-                        inner: b,
+                    let settle = Settle {
                         charge,
                         prompt,
                         usage: UsageScanner::default(),
-                    }
-                    .boxed_unsync()
+                    };
+                    TapBody::new(b, settle).boxed_unsync()
                 })),
                 Err(e) => {
                     // Refused or failed before anything was generated: nothing to charge.
@@ -200,43 +198,21 @@ where
     }
 }
 
-/// Passes the body through, reading the usage it carries.
+/// Settles the charge to the usage the response carries, once it is over.
 #[derive(Debug)]
-struct UsageBody {
-    inner: GatewayBody,
+struct Settle {
     charge: Charge,
     prompt: u64,
     usage: UsageScanner,
 }
 
-impl Body for UsageBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(f))) = &polled {
-            if let Some(d) = f.data_ref() {
-                let d = d.clone();
-                self.usage.push(&d);
-            }
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+impl Tap for Settle {
+    fn data(&mut self, data: &Bytes) {
+        self.usage.push(data);
     }
 }
 
-impl Drop for UsageBody {
+impl Drop for Settle {
     fn drop(&mut self) {
         if let Some(c) = self.usage.completion_tokens() {
             self.charge.settle(self.prompt + c);

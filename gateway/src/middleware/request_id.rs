@@ -21,7 +21,6 @@ use tower::{Layer, Service, ServiceExt};
 use crate::body::GatewayBody;
 use crate::error::GatewayError;
 use crate::telemetry::{Metrics, OutcomeGuard, RequestRecord};
-use http_body_util::BodyExt;
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
@@ -126,7 +125,7 @@ where
             let mut resp = match inner.oneshot(req).await {
                 Ok(resp) => {
                     let status = resp.status();
-                    resp.map(|b| guard.respond(b, status).boxed_unsync())
+                    resp.map(|b| guard.respond(b, status))
                 }
                 Err(e) => {
                     guard.refused(&e);

@@ -165,7 +165,12 @@ pub(super) fn reload_now(
     };
     let sha256 = hex_sha256(&bytes);
     if sha256 == store.current().sha256 {
-        *last_failed = None;
+        // Written back to the policy in force after a refused edit: the file is good again,
+        // so whoever raised an alert for the refusal hears that it is over.
+        if last_failed.take().is_some() {
+            tracing::info!(path = %path.display(), %sha256, "policy file is back to the policy in force");
+            on_result(Ok(&store.current()));
+        }
         return Outcome::Unchanged;
     }
     if trigger == Trigger::Watch && last_failed.as_deref() == Some(sha256.as_str()) {

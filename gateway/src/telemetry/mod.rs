@@ -13,6 +13,6 @@ pub mod record;
 pub mod usage;
 
 pub use metrics::Metrics;
-pub use outcome::{Outcome, OutcomeBody, OutcomeGuard};
+pub use outcome::{Outcome, OutcomeGuard};
 pub use record::RequestRecord;
 pub use usage::UsageScanner;

@@ -2,18 +2,16 @@
 //! once: by the error that refused it, by its response body's end, or — when the client went
 //! away first — by the guard or the body dropped unfinished.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::StatusCode;
-use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 
 use super::record::RequestRecord;
 use super::usage::UsageScanner;
 use super::Metrics;
-use crate::body::{BoxError, GatewayBody};
+use crate::body::{BoxError, GatewayBody, Tap, TapBody};
 use crate::error::GatewayError;
 
 /// The ways a request ends (the `outcome` label of `sluice_requests_total`).
@@ -112,22 +110,15 @@ impl OutcomeGuard {
     }
 
     /// The response started: its body records the end.
-    pub fn respond(mut self, body: GatewayBody, status: StatusCode) -> OutcomeBody {
-        let (metrics, record) = match self.end.take() {
-            Some(end) => end,
-            None => (
-                Arc::default(),
-                RequestRecord::new(tokio::time::Instant::now()),
-            ),
-        };
-        OutcomeBody {
-            inner: body,
+    pub fn respond(mut self, body: GatewayBody, status: StatusCode) -> GatewayBody {
+        let ending = Ending {
             status,
-            end: Some((metrics, record)),
+            end: self.end.take(),
             usage: UsageScanner::default(),
             seen_data: false,
             stream_error: false,
-        }
+        };
+        TapBody::new(body, ending).boxed_unsync()
     }
 }
 
@@ -139,11 +130,10 @@ impl Drop for OutcomeGuard {
     }
 }
 
-/// A response body that records the request's outcome, durations and tokens when it ends,
-/// fails or is dropped.
+/// Records the request's outcome, durations and tokens when its response body ends, fails or
+/// is dropped.
 #[derive(Debug)]
-pub struct OutcomeBody {
-    inner: GatewayBody,
+struct Ending {
     status: StatusCode,
     end: Option<(Arc<Metrics>, RequestRecord)>,
     usage: UsageScanner,
@@ -153,7 +143,7 @@ pub struct OutcomeBody {
     stream_error: bool,
 }
 
-impl OutcomeBody {
+impl Ending {
     /// The outcome and code of a body that ended cleanly.
     fn clean_end(&self) -> (Outcome, &'static str) {
         if self.stream_error {
@@ -182,55 +172,32 @@ impl OutcomeBody {
     }
 }
 
-impl Body for OutcomeBody {
-    type Data = Bytes;
-    type Error = BoxError;
+impl Tap for Ending {
+    fn data(&mut self, data: &Bytes) {
+        if !self.seen_data {
+            self.seen_data = true;
+            if let Some((m, r)) = &self.end {
+                m.time_to_first_token.observe(r.facts().arrived.elapsed());
+            }
+        }
+        self.usage.push(data);
+        if data.starts_with(b"data: {\"error\"") {
+            self.stream_error = true;
+        }
+    }
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => {
+    fn ended(&mut self, result: Result<(), &BoxError>) {
+        match result {
+            Ok(()) => {
                 let (o, code) = self.clean_end();
                 self.end(o, code);
             }
-            Poll::Ready(Some(Err(_))) => self.end(Outcome::Error, "upstream_broke_off"),
-            Poll::Ready(Some(Ok(f))) => {
-                if let Some(d) = f.data_ref() {
-                    let d = d.clone();
-                    if !self.seen_data {
-                        self.seen_data = true;
-                        if let Some((m, r)) = &self.end {
-                            m.time_to_first_token.observe(r.facts().arrived.elapsed());
-                        }
-                    }
-                    self.usage.push(&d);
-                    if d.starts_with(b"data: {\"error\"") {
-                        self.stream_error = true;
-                    }
-                }
-            }
-            Poll::Pending => {}
+            Err(_) => self.end(Outcome::Error, "upstream_broke_off"),
         }
-        polled
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for OutcomeBody {
-    fn drop(&mut self) {
-        // A body that is complete but was never polled to its end (hyper stops once it has
-        // sent `Content-Length` bytes) ended normally; otherwise the client left mid-stream.
-        if self.inner.is_end_stream() {
+    fn dropped(&mut self, complete: bool) {
+        if complete {
             let (o, code) = self.clean_end();
             self.end(o, code);
         } else {

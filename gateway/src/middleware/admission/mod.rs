@@ -4,7 +4,7 @@
 //! - [`queue`]: the state and its rules (classes, the heavy-input lane).
 //! - [`wait`]: waiting for a slot, with the deadline and cancellation.
 //! - [`service`]: takes the slot, calls the upstream, puts the slot in the response body.
-//! - [`slot`]: the body that frees the slot at its end.
+//! - [`slot`]: the response body holds the slot until its end.
 //! - [`shed`]: readiness turned into an immediate `overloaded`.
 
 mod drain;
@@ -22,5 +22,5 @@ pub use layer::AdmissionLayer;
 pub use queue::{Admission, Limits, Permit, Snapshot, Ticket};
 pub use service::{Admit, QueueTime, QUEUE_MS_HEADER};
 pub use shed::Shed;
-pub use slot::SlotBody;
+pub use slot::slot_body;
 pub use wait::{acquire, Admitted};

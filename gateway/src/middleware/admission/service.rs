@@ -7,11 +7,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{HeaderValue, Request, Response};
-use http_body_util::BodyExt;
 use tower::{Service, ServiceExt};
 
 use super::queue::{Admission, Ticket};
-use super::slot::SlotBody;
+use super::slot::slot_body;
 use super::wait::acquire;
 use crate::body::GatewayBody;
 use crate::error::GatewayError;
@@ -97,7 +96,7 @@ where
                 QUEUE_MS_HEADER,
                 HeaderValue::from(admitted.queued.as_millis() as u64),
             );
-            let body = SlotBody::new(body, admitted.permit, metrics).boxed_unsync();
+            let body = slot_body(body, admitted.permit, metrics);
             Ok(Response::from_parts(parts, body))
         })
     }

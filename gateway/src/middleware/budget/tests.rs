@@ -51,12 +51,12 @@ async fn usage_in_the_response_settles_the_charge() {
     let inner = body::full(
         r#"data: {"choices":[],"usage":{"prompt_tokens":100,"completion_tokens": 7,"total_tokens":107}}"#,
     );
-    let body = UsageBody {
-        inner,
+    let settle = Settle {
         charge,
         prompt: 100,
         usage: UsageScanner::default(),
     };
+    let body = TapBody::new(inner, settle);
     let bytes = body.collect().await.expect("body").to_bytes();
     assert!(
         bytes.starts_with(b"data: "),

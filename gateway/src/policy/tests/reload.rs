@@ -164,3 +164,25 @@ fn reload_now_reports_each_outcome() {
     );
     assert_eq!(seen[2], Ok(hash));
 }
+
+#[test]
+fn writing_back_the_policy_in_force_after_a_refusal_reports_it_good_again() {
+    let (path, store) = setup("back");
+    let (seen, record) = recorder();
+    let mut last_failed = None;
+    let good = std::fs::read(&path).expect("read");
+    std::fs::write(&path, BROKEN).expect("write");
+    assert_eq!(
+        reload_now(&path, &store, &record, &mut last_failed, Trigger::Watch),
+        Outcome::Refused
+    );
+    std::fs::write(&path, &good).expect("write");
+    assert_eq!(
+        reload_now(&path, &store, &record, &mut last_failed, Trigger::Watch),
+        Outcome::Unchanged
+    );
+    let seen = seen.lock().expect("lock");
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen[0].is_err());
+    assert_eq!(seen[1], Ok(store.current().sha256.clone()));
+}

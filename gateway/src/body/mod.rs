@@ -21,3 +21,7 @@ pub fn full(bytes: impl Into<Bytes>) -> GatewayBody {
 pub fn json(value: &serde_json::Value) -> GatewayBody {
     full(value.to_string())
 }
+
+mod tap;
+
+pub use tap::{Tap, TapBody};
