@@ -12,6 +12,7 @@ pub mod bench;
 pub mod dtype;
 pub mod error;
 pub mod generate;
+pub mod http;
 pub mod kv;
 pub mod model;
 pub mod pipeline;

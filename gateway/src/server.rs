@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use sluice_engine::http::{accept_loop, connection_builder, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
 use crate::routes::Router;
@@ -29,56 +28,18 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) -> std::io::Result<()> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HANDSHAKE_TIMEOUT);
-    builder.http2().timer(TokioTimer::new());
-    let builder = Arc::new(builder);
+    let builder = Arc::new(connection_builder(HANDSHAKE_TIMEOUT));
     let router = Arc::new(router);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut conns = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    let conn = connection(stream, tls.clone(), router.clone(), builder.clone(), stop_rx.clone());
-                    conns.spawn(conn);
-                }
-                Err(e) => accept_error(e).await,
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    let drained =
-        tokio::time::timeout(drain, async { while conns.join_next().await.is_some() {} }).await;
-    if drained.is_err() {
-        tracing::warn!(
-            "{} connections still open after the {drain:?} drain; closing them",
-            conns.len()
-        );
-        conns.shutdown().await;
-    }
-    Ok(())
-}
-
-async fn accept_error(e: std::io::Error) {
-    use std::io::ErrorKind::*;
-    match e.kind() {
-        ConnectionAborted | ConnectionReset | ConnectionRefused | Interrupted | WouldBlock
-        | TimedOut => tracing::debug!("accept: {e}"),
-        // Out of file descriptors or memory: back off instead of spinning.
-        _ => {
-            tracing::warn!("accept failed: {e}; retrying");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    accept_loop(listener, shutdown, Some(drain), move |stream, watcher| {
+        connection(
+            stream,
+            tls.clone(),
+            router.clone(),
+            builder.clone(),
+            watcher,
+        )
+    })
+    .await
 }
 
 async fn connection(
@@ -86,13 +47,13 @@ async fn connection(
     tls: Option<TlsAcceptor>,
     router: Arc<Router>,
     builder: Arc<auto::Builder<TokioExecutor>>,
-    stop: watch::Receiver<bool>,
+    watcher: Watcher,
 ) {
     match tls {
-        None => serve_connection(stream, router, builder, stop).await,
+        None => serve_connection(stream, router, builder, watcher).await,
         Some(acceptor) => {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => serve_connection(tls, router, builder, stop).await,
+                Ok(Ok(tls)) => serve_connection(tls, router, builder, watcher).await,
                 Ok(Err(e)) => tracing::debug!("TLS handshake: {e}"),
                 Err(_) => tracing::debug!("TLS handshake timed out"),
             }
@@ -100,12 +61,12 @@ async fn connection(
     }
 }
 
-/// One connection, shut down gracefully when `stop` turns true.
+/// One connection, shut down gracefully when `watcher` says so.
 async fn serve_connection<IO>(
     io: IO,
     router: Arc<Router>,
     builder: Arc<auto::Builder<TokioExecutor>>,
-    mut stop: watch::Receiver<bool>,
+    watcher: Watcher,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -114,18 +75,7 @@ async fn serve_connection<IO>(
         async move { router.handle(req).await }
     });
     let conn = builder.serve_connection(TokioIo::new(io), service);
-    tokio::pin!(conn);
-    tokio::select! {
-        res = conn.as_mut() => {
-            if let Err(e) = res {
-                tracing::debug!("connection: {e}");
-            }
-            return;
-        }
-        _ = stop.wait_for(|stop| *stop) => {}
-    }
-    conn.as_mut().graceful_shutdown();
-    if let Err(e) = conn.await {
+    if let Err(e) = watcher.watch(conn).await {
         tracing::debug!("connection: {e}");
     }
 }

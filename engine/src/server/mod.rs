@@ -34,12 +34,12 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use serde::Serialize;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-use tokio::task::JoinSet;
+
+use crate::http::Watcher;
 
 use crate::api::Engine;
 use crate::trace::TraceContext;
@@ -67,72 +67,26 @@ pub async fn serve(
         http: Arc::new(HttpMetrics::default()),
         created: unix_now(),
     });
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    builder.http2().timer(TokioTimer::new());
-    let builder = Arc::new(builder);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut conns = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    conns.spawn(connection(stream, state.clone(), builder.clone(), stop_rx.clone()));
-                }
-                Err(e) => accept_error(e).await,
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    while conns.join_next().await.is_some() {}
-    Ok(())
+    let builder = Arc::new(crate::http::connection_builder(HEADER_READ_TIMEOUT));
+    crate::http::accept_loop(listener, shutdown, None, move |stream, watcher| {
+        connection(stream, state.clone(), builder.clone(), watcher)
+    })
+    .await
 }
 
-async fn accept_error(e: std::io::Error) {
-    use std::io::ErrorKind::*;
-    match e.kind() {
-        ConnectionAborted | ConnectionReset | ConnectionRefused | Interrupted | WouldBlock
-        | TimedOut => tracing::debug!("accept: {e}"),
-        // Out of file descriptors or memory: back off instead of spinning.
-        _ => {
-            tracing::warn!("accept failed: {e}; retrying");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-/// One connection, shut down gracefully (in-flight requests finish) when `stop` turns true.
+/// One connection, shut down gracefully (in-flight requests finish) when `watcher` says so.
 async fn connection(
     stream: TcpStream,
     state: Arc<State>,
     builder: Arc<auto::Builder<TokioExecutor>>,
-    mut stop: watch::Receiver<bool>,
+    watcher: Watcher,
 ) {
     let service = service_fn(move |req| {
         let state = state.clone();
         async move { Ok::<_, Infallible>(handle(&state, req).await) }
     });
     let conn = builder.serve_connection(TokioIo::new(stream), service);
-    tokio::pin!(conn);
-    tokio::select! {
-        res = conn.as_mut() => {
-            if let Err(e) = res {
-                tracing::debug!("connection: {e}");
-            }
-            return;
-        }
-        _ = stop.wait_for(|stop| *stop) => {}
-    }
-    conn.as_mut().graceful_shutdown();
-    if let Err(e) = conn.await {
+    if let Err(e) = watcher.watch(conn).await {
         tracing::debug!("connection: {e}");
     }
 }
