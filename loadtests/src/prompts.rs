@@ -9,9 +9,11 @@
 use std::path::Path;
 use std::str::FromStr;
 
-use anyhow::{bail, Context, Result};
 use sluice_engine::model::gguf::GgufFile;
 use sluice_engine::model::tokenizer::Tokenizer;
+
+use crate::error::{Error, Result};
+use crate::rng::Rng;
 
 /// Output tokens of a shape given as input tokens only (`4k`).
 pub const DEFAULT_OUTPUT_TOKENS: usize = 64;
@@ -34,15 +36,15 @@ fn parse_count(s: &str) -> Result<usize> {
     };
     let n: usize = digits
         .parse()
-        .with_context(|| format!("{s:?} is not a token count (e.g. 256 or 4k)"))?;
+        .map_err(|_| Error::Config(format!("{s:?} is not a token count (e.g. 256 or 4k)")))?;
     match n.checked_mul(scale) {
         Some(n) if n > 0 => Ok(n),
-        _ => bail!("token count {s:?} must be positive"),
+        _ => Err(Error::Config(format!("token count {s:?} must be positive"))),
     }
 }
 
 impl FromStr for Shape {
-    type Err = anyhow::Error;
+    type Err = Error;
 
     /// `INPUT:OUTPUT` (`256:128`, `1k:256`) or just `INPUT` (`4k`, with 64 output tokens).
     fn from_str(s: &str) -> Result<Self> {
@@ -62,34 +64,6 @@ impl FromStr for Shape {
 /// `request` (unique within the run), `tokens` long.
 pub trait PromptSource: Send + Sync {
     fn prompt(&self, tokens: usize, request: u64) -> Result<String>;
-}
-
-/// splitmix64: small, seedable, good enough to pick sentences.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64, stream: u64) -> Self {
-        let mut r = Self(seed ^ stream.wrapping_mul(0xD134_2543_DE82_EF95));
-        r.next();
-        r
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
 }
 
 const NAMES: &[&str] = &[
@@ -250,39 +224,52 @@ pub struct PromptBuilder {
 impl PromptBuilder {
     /// The tokenizer of the GGUF model at `path`; `seed` varies the text between runs.
     pub fn from_model(path: &Path, seed: u64) -> Result<Self> {
-        let gguf = GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let tokenizer = Tokenizer::from_gguf(&gguf)
-            .with_context(|| format!("the tokenizer of {}", path.display()))?;
+        let fail = |e: &dyn std::fmt::Display| Error::Prompt(format!("{}: {e}", path.display()));
+        let gguf = GgufFile::open(path).map_err(|e| fail(&e))?;
+        let tokenizer = Tokenizer::from_gguf(&gguf).map_err(|e| fail(&e))?;
         Ok(Self { tokenizer, seed })
     }
 
     pub fn count(&self, text: &str) -> Result<usize> {
-        Ok(self.tokenizer.encode(text, false)?.len())
+        Ok(self.encode(text)?.len())
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        self.tokenizer
+            .encode(text, false)
+            .map_err(|e| Error::Prompt(e.to_string()))
+    }
+
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer
+            .decode(ids, false)
+            .map_err(|e| Error::Prompt(e.to_string()))
     }
 
     /// A prompt that encodes (plain text, no BOS) to exactly `tokens` tokens.
     pub fn build(&self, tokens: usize, request: u64) -> Result<String> {
-        let tok = &self.tokenizer;
         let mut rng = Rng::new(self.seed, request);
         // A per-request tag first, so prompts part ways within their first few tokens.
-        let mut text = format!("{:016x} | document {request}\n\n", rng.next());
+        let mut text = format!("{:016x} | document {request}\n\n", rng.next_u64());
         extend(&mut text, &mut rng, tokens * 5);
-        let mut ids = tok.encode(&text, false)?;
+        let mut ids = self.encode(&text)?;
         for _ in 0..64 {
             if ids.len() < tokens {
                 let missing = tokens - ids.len();
                 extend(&mut text, &mut rng, missing * 6 + 32);
-                ids = tok.encode(&text, false)?;
+                ids = self.encode(&text)?;
                 continue;
             }
             ids.truncate(tokens);
-            text = tok.decode(&ids, false)?;
-            ids = tok.encode(&text, false)?;
+            text = self.decode(&ids)?;
+            ids = self.encode(&text)?;
             if ids.len() == tokens {
                 return Ok(text);
             }
         }
-        bail!("could not build a prompt of exactly {tokens} tokens (request {request})")
+        Err(Error::Prompt(format!(
+            "could not build a prompt of exactly {tokens} tokens (request {request})"
+        )))
     }
 }
 

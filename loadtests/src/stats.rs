@@ -1,13 +1,14 @@
-//! Percentiles and the per-level aggregate of a batch of request samples.
+//! Percentiles and the per-scenario aggregate of a run.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::client::Sample;
+use crate::workload::Run;
 
 /// Nearest-rank percentile of `sorted` (ascending): the smallest sample such that at least
 /// `p`% of the samples are at or below it, i.e. `sorted[ceil(p/100 * n) - 1]` (`p = 0` gives
-/// the minimum). `None` for no samples.
+/// the minimum). `None` for no samples. Never interpolates: with 10 samples p95 is the worst,
+/// which is what a user at the tail saw.
 pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     if sorted.is_empty() {
         return None;
@@ -17,7 +18,7 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
-/// p50/p95/mean over a set of samples (milliseconds, say).
+/// p50/p95/mean over a set of samples (seconds, say).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Summary {
     pub count: usize,
@@ -40,116 +41,15 @@ impl Summary {
     }
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
+/// Scored answers: how many passed of how many checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Score {
+    pub passed: usize,
+    pub checked: usize,
 }
 
-/// Everything reported for one (shape, concurrency) level.
-#[derive(Debug, Clone)]
-pub struct LevelStats {
-    /// The shape as given on the command line (`256:128`).
-    pub shape: String,
-    pub input_tokens: usize,
-    pub output_tokens: usize,
-    pub concurrency: usize,
-    /// Requests sent (and finished, one way or another).
-    pub total: usize,
-    pub succeeded: usize,
-    /// Outcome label (`ok`, `http_503:engine_unavailable`, `stream_error:internal_error`,
-    /// `timeout`, ...) → count.
-    pub outcomes: BTreeMap<String, usize>,
-    /// One example message per failing outcome label.
-    pub failure_examples: BTreeMap<String, String>,
-    /// From the first request sent to the last one finished.
-    pub wall: Duration,
-    /// Completion tokens of the successful requests.
-    pub completion_tokens: u64,
-    /// Successful requests whose token count came from a `usage` chunk (the rest counted
-    /// content chunks).
-    pub usage_reported: usize,
-    /// Mean `usage.prompt_tokens` the server reported, over the requests that reported it.
-    pub prompt_tokens_mean: Option<f64>,
-    /// Send → first content chunk, successful requests, ms.
-    pub ttft_ms: Summary,
-    /// Send → end of stream, successful requests, ms.
-    pub e2e_ms: Summary,
-    /// (E2E − TTFT) / (tokens − 1), successful requests with at least two tokens, ms.
-    pub tpot_ms: Summary,
-    /// The `x-sluice-queue-ms` response header, every request that carried it, ms.
-    pub queue_ms: Summary,
-}
-
-impl LevelStats {
-    pub fn from_samples(
-        shape: &crate::prompts::Shape,
-        concurrency: usize,
-        samples: &[Sample],
-        wall: Duration,
-    ) -> Self {
-        let mut outcomes = BTreeMap::new();
-        let mut failure_examples = BTreeMap::new();
-        let (mut ttft, mut e2e, mut tpot, mut queue, mut prompt) =
-            (vec![], vec![], vec![], vec![], vec![]);
-        let (mut succeeded, mut completion_tokens, mut usage_reported) = (0, 0, 0);
-        for s in samples {
-            let label = s.outcome.label();
-            *outcomes.entry(label.clone()).or_insert(0) += 1;
-            if let Some(q) = s.queue_ms {
-                queue.push(q);
-            }
-            if !s.outcome.is_ok() {
-                failure_examples
-                    .entry(label)
-                    .or_insert_with(|| s.outcome.message());
-                continue;
-            }
-            succeeded += 1;
-            let tokens = s.tokens();
-            completion_tokens += tokens;
-            usage_reported += usize::from(s.completion_tokens.is_some());
-            if let Some(p) = s.prompt_tokens {
-                prompt.push(p as f64);
-            }
-            e2e.push(ms(s.e2e));
-            if let Some(t) = s.ttft {
-                ttft.push(ms(t));
-                if tokens > 1 {
-                    tpot.push(ms(s.e2e.saturating_sub(t)) / (tokens - 1) as f64);
-                }
-            }
-        }
-        Self {
-            shape: shape.label.clone(),
-            input_tokens: shape.input,
-            output_tokens: shape.output,
-            concurrency,
-            total: samples.len(),
-            succeeded,
-            outcomes,
-            failure_examples,
-            wall,
-            completion_tokens,
-            usage_reported,
-            prompt_tokens_mean: Summary::of(&prompt).mean,
-            ttft_ms: Summary::of(&ttft),
-            e2e_ms: Summary::of(&e2e),
-            tpot_ms: Summary::of(&tpot),
-            queue_ms: Summary::of(&queue),
-        }
-    }
-
-    /// Completion tokens of the successful requests ÷ the level's wall time.
-    pub fn output_tok_per_s(&self) -> f64 {
-        per_second(self.completion_tokens as f64, self.wall)
-    }
-
-    /// Finished requests (successful or not) ÷ the level's wall time.
-    pub fn requests_per_s(&self) -> f64 {
-        per_second(self.total as f64, self.wall)
-    }
-}
-
-fn per_second(n: f64, wall: Duration) -> f64 {
+/// `n / wall`, 0 for no time.
+pub fn per_second(n: f64, wall: Duration) -> f64 {
     let s = wall.as_secs_f64();
     if s > 0.0 {
         n / s
@@ -158,11 +58,122 @@ fn per_second(n: f64, wall: Duration) -> f64 {
     }
 }
 
+/// Everything reported for one scenario on one target. Latencies in seconds, over the
+/// successful requests (a 503 in 1 ms is not a fast answer).
+#[derive(Debug, Clone, Default)]
+pub struct ScenarioStats {
+    /// Requests sent (and finished, one way or another).
+    pub total: usize,
+    pub succeeded: usize,
+    /// Outcome label (`ok`, `http_503:overloaded`, `timeout`, ...) → count.
+    pub outcomes: BTreeMap<String, usize>,
+    /// One example message per failing outcome label.
+    pub failure_examples: BTreeMap<String, String>,
+    /// First arrival to last byte.
+    pub wall: Duration,
+    /// Completion tokens of the successful requests.
+    pub completion_tokens: u64,
+    /// Successful requests whose token count came from a `usage` chunk (the rest counted
+    /// content chunks).
+    pub usage_reported: usize,
+    /// Mean `usage.prompt_tokens` the server reported, over the requests that reported it.
+    pub prompt_tokens_mean: Option<f64>,
+    /// Send → first token.
+    pub ttft: Summary,
+    /// Arrival → first token (the client-side wait included).
+    pub arrival_to_first: Summary,
+    /// Send → last byte.
+    pub e2e: Summary,
+    /// Arrival → last byte.
+    pub arrival_to_end: Summary,
+    /// (E2E − TTFT) / (tokens − 1), requests with at least two tokens.
+    pub tpot: Summary,
+    /// The gateway's `x-sluice-queue-ms`, every request that carried it (shed ones too).
+    pub queue: Summary,
+    /// All scored requests, and by kind (`needle@10%`).
+    pub score: Option<Score>,
+    pub score_by_kind: BTreeMap<String, Score>,
+}
+
+impl ScenarioStats {
+    pub fn of(run: &Run) -> Self {
+        let mut st = Self {
+            total: run.records.len(),
+            wall: run.wall,
+            ..Self::default()
+        };
+        let (mut ttft, mut first, mut e2e, mut end, mut tpot, mut queue, mut prompt) =
+            (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        for r in &run.records {
+            let s = &r.sample;
+            let label = s.outcome.label();
+            *st.outcomes.entry(label.clone()).or_insert(0) += 1;
+            if let Some(q) = s.queue_ms {
+                queue.push(q / 1e3);
+            }
+            if let Some(passed) = r.passed {
+                for score in [
+                    st.score.get_or_insert_with(Score::default),
+                    st.score_by_kind.entry(r.kind.clone()).or_default(),
+                ] {
+                    score.checked += 1;
+                    score.passed += usize::from(passed);
+                }
+            }
+            if !s.outcome.is_ok() {
+                st.failure_examples
+                    .entry(label)
+                    .or_insert_with(|| s.outcome.message());
+                continue;
+            }
+            st.succeeded += 1;
+            let tokens = s.tokens();
+            st.completion_tokens += tokens;
+            st.usage_reported += usize::from(s.completion_tokens.is_some());
+            if let Some(p) = s.prompt_tokens {
+                prompt.push(p as f64);
+            }
+            e2e.push(s.e2e.as_secs_f64());
+            end.push(r.arrival_to_end().as_secs_f64());
+            if let (Some(t), Some(f)) = (s.ttft, r.arrival_to_first()) {
+                ttft.push(t.as_secs_f64());
+                first.push(f.as_secs_f64());
+                if tokens > 1 {
+                    tpot.push(s.e2e.saturating_sub(t).as_secs_f64() / (tokens - 1) as f64);
+                }
+            }
+        }
+        st.prompt_tokens_mean = Summary::of(&prompt).mean;
+        st.ttft = Summary::of(&ttft);
+        st.arrival_to_first = Summary::of(&first);
+        st.e2e = Summary::of(&e2e);
+        st.arrival_to_end = Summary::of(&end);
+        st.tpot = Summary::of(&tpot);
+        st.queue = Summary::of(&queue);
+        st
+    }
+
+    /// Completion tokens of the successful requests ÷ the wall time.
+    pub fn output_tok_per_s(&self) -> f64 {
+        per_second(self.completion_tokens as f64, self.wall)
+    }
+
+    /// Finished requests (successful or not) ÷ the wall time.
+    pub fn requests_per_s(&self) -> f64 {
+        per_second(self.total as f64, self.wall)
+    }
+
+    /// Successful requests ÷ the wall time: what the server sustained.
+    pub fn goodput_per_s(&self) -> f64 {
+        per_second(self.succeeded as f64, self.wall)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::Outcome;
-    use crate::prompts::Shape;
+    use crate::client::{Outcome, Sample};
+    use crate::workload::Record;
 
     #[test]
     fn nearest_rank_percentiles() {
@@ -194,69 +205,85 @@ mod tests {
         assert_eq!(Summary::of(&[]), Summary::default());
     }
 
-    fn sample(
-        outcome: Outcome,
-        ttft_ms: u64,
-        e2e_ms: u64,
-        usage: Option<u64>,
-        chunks: u64,
-    ) -> Sample {
-        Sample {
-            outcome,
-            ttft: Some(Duration::from_millis(ttft_ms)),
-            e2e: Duration::from_millis(e2e_ms),
-            completion_tokens: usage,
-            prompt_tokens: usage.map(|_| 256),
-            content_chunks: chunks,
-            queue_ms: Some(1.5),
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// A record due at `arrival` ms, sent at `sent` ms.
+    fn record(outcome: Outcome, arrival: u64, sent: u64, ttft: u64, e2e: u64) -> Record {
+        let mut sample = Sample::failed(outcome, ms(e2e));
+        sample.ttft = Some(ms(ttft));
+        sample.completion_tokens = Some(11);
+        sample.prompt_tokens = Some(256);
+        sample.queue_ms = Some(1500.0);
+        Record {
+            sample,
+            arrival: ms(arrival),
+            sent: ms(sent),
+            kind: "k".into(),
+            passed: None,
         }
     }
 
     #[test]
-    fn level_aggregates_successes_and_counts_failures() {
-        let shape: Shape = "256:128".parse().unwrap();
-        let samples = vec![
-            sample(Outcome::Ok, 100, 1100, Some(11), 11),
-            sample(Outcome::Ok, 200, 1200, None, 6),
-            sample(
-                Outcome::Http {
-                    status: 503,
-                    code: Some("engine_unavailable".into()),
-                    message: "busy".into(),
-                },
-                0,
-                5,
-                None,
-                0,
-            ),
-            sample(
-                Outcome::StreamError {
-                    code: "internal_error".into(),
-                    message: "boom".into(),
-                },
-                50,
-                60,
-                None,
-                2,
-            ),
-        ];
-        let l = LevelStats::from_samples(&shape, 2, &samples, Duration::from_secs(2));
-        assert_eq!((l.total, l.succeeded), (4, 2));
-        assert_eq!(l.completion_tokens, 17);
-        assert_eq!(l.usage_reported, 1);
-        assert_eq!(l.output_tok_per_s(), 8.5);
-        assert_eq!(l.requests_per_s(), 2.0);
-        assert_eq!(l.outcomes["ok"], 2);
-        assert_eq!(l.outcomes["http_503:engine_unavailable"], 1);
-        assert_eq!(l.outcomes["stream_error:internal_error"], 1);
-        assert_eq!(l.failure_examples["stream_error:internal_error"], "boom");
-        assert_eq!(l.ttft_ms.count, 2);
-        assert_eq!(l.ttft_ms.p50, Some(100.0));
-        assert_eq!(l.e2e_ms.p95, Some(1200.0));
-        // 1000 ms over 10 gaps; 1000 ms over 5 gaps.
-        assert_eq!(l.tpot_ms.p50, Some(100.0));
-        assert_eq!(l.tpot_ms.p95, Some(200.0));
-        assert_eq!(l.queue_ms.count, 4);
-        assert_eq!(l.prompt_tokens_mean, Some(256.0));
+    fn scenario_aggregates_successes_and_counts_failures() {
+        let busy = Outcome::Http {
+            status: 503,
+            code: Some("overloaded".into()),
+            message: "busy".into(),
+        };
+        let mut no_usage = record(Outcome::Ok, 1000, 3000, 200, 1200);
+        no_usage.sample.completion_tokens = None;
+        no_usage.sample.content_chunks = 6;
+        no_usage.passed = Some(false);
+        let mut scored = record(Outcome::Ok, 0, 0, 100, 1100);
+        scored.passed = Some(true);
+        let run = Run {
+            records: vec![
+                scored,
+                no_usage,
+                record(busy, 2000, 2000, 0, 5),
+                record(
+                    Outcome::StreamError {
+                        code: "internal_error".into(),
+                        message: "boom".into(),
+                    },
+                    0,
+                    0,
+                    50,
+                    60,
+                ),
+            ],
+            wall: Duration::from_secs(2),
+        };
+        let s = ScenarioStats::of(&run);
+        assert_eq!((s.total, s.succeeded), (4, 2));
+        assert_eq!(s.completion_tokens, 17);
+        assert_eq!(s.usage_reported, 1);
+        assert_eq!(s.output_tok_per_s(), 8.5);
+        assert_eq!((s.requests_per_s(), s.goodput_per_s()), (2.0, 1.0));
+        assert_eq!(s.outcomes["ok"], 2);
+        assert_eq!(s.outcomes["http_503:overloaded"], 1);
+        assert_eq!(s.failure_examples["stream_error:internal_error"], "boom");
+        assert_eq!(
+            (s.ttft.count, s.ttft.p50, s.ttft.p95),
+            (2, Some(0.1), Some(0.2))
+        );
+        assert_eq!(s.e2e.p95, Some(1.2));
+        // The second request waited 2 s in the client before its 1.2 s.
+        assert_eq!(s.arrival_to_end.p95, Some(3.2));
+        assert_eq!(s.arrival_to_first.p95, Some(2.2));
+        // 1 s over 10 gaps; 1 s over 5 gaps.
+        assert_eq!(s.tpot.p50, Some(0.1));
+        assert_eq!(s.tpot.p95, Some(0.2));
+        assert_eq!((s.queue.count, s.queue.p50), (4, Some(1.5)));
+        assert_eq!(s.prompt_tokens_mean, Some(256.0));
+        assert_eq!(
+            s.score,
+            Some(Score {
+                passed: 1,
+                checked: 2
+            })
+        );
     }
 }

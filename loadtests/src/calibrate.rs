@@ -1,0 +1,305 @@
+//! The deployment's manual tuning loop, automated: from a concurrency sweep and an arrival-rate
+//! sweep, the admission policy (`active_max`, `queue_depth`, `queue_wait_max`) that keeps TTFT
+//! p95 under a target.
+//!
+//! - `active_max`: the knee of the closed-loop sweep among the levels whose TTFT p95 meets the
+//!   target — the smallest concurrency reaching 95% of the best throughput. More slots past the
+//!   knee only lengthen everyone's TTFT ("at 8 active, TTFT p95 went from 4.9 s to 25 s for no
+//!   gain").
+//! - `queue_wait_max`: the target minus the TTFT p95 at `active_max`: a waiter that has not
+//!   started by then would miss the target anyway, so it is better shed (503) than served late.
+//! - `queue_depth`: how many waiters drain within that wait at the measured service rate
+//!   (Little's law: rate × wait); a deeper queue only holds requests that will time out.
+//! - The rate sweep (arrivals with the client held to `active_max`, as the gateway would) finds
+//!   the highest arrival rate whose arrival → first token p95 still meets the target: the load
+//!   the policy can carry without shedding.
+
+use std::time::Duration;
+
+use crate::stats::ScenarioStats;
+
+/// One closed-loop level of the sweep.
+#[derive(Debug, Clone)]
+pub struct Level {
+    pub concurrency: usize,
+    pub stats: ScenarioStats,
+}
+
+/// One open-loop rate of the sweep.
+#[derive(Debug, Clone)]
+pub struct RatePoint {
+    pub rate: f64,
+    pub stats: ScenarioStats,
+}
+
+/// The policy the sweeps support, and the figures behind it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Calibration {
+    /// TTFT p95 target, s.
+    pub target: f64,
+    pub active_max: usize,
+    pub queue_depth: usize,
+    pub queue_wait_max: Duration,
+    /// TTFT p95 at `active_max`, s.
+    pub ttft_p95: f64,
+    /// Successful requests per second at `active_max`.
+    pub service_rate: f64,
+    pub output_tok_s: f64,
+    /// The highest swept arrival rate meeting the target, if any did.
+    pub max_rate: Option<f64>,
+    /// False when no level met the target: the policy is then the safest one measured.
+    pub met: bool,
+}
+
+/// Whether a level counts: every request succeeded and its TTFT p95 is at most `target`.
+fn meets(stats: &ScenarioStats, target: f64, ttft: Option<f64>) -> bool {
+    stats.total > 0 && stats.succeeded == stats.total && ttft.is_some_and(|t| t <= target)
+}
+
+/// The calibration for `target` seconds of TTFT p95; `None` without any successful level.
+pub fn calibrate(levels: &[Level], rates: &[RatePoint], target: f64) -> Option<Calibration> {
+    let ok: Vec<&Level> = levels
+        .iter()
+        .filter(|l| meets(&l.stats, target, l.stats.ttft.p95))
+        .collect();
+    let met = !ok.is_empty();
+    let chosen = if met {
+        let best = ok
+            .iter()
+            .map(|l| l.stats.goodput_per_s())
+            .fold(0.0, f64::max);
+        ok.iter()
+            .filter(|l| l.stats.goodput_per_s() >= 0.95 * best)
+            .min_by_key(|l| l.concurrency)
+            .copied()?
+    } else {
+        // Nothing met it: the level with the lowest TTFT p95 that answered at all.
+        levels
+            .iter()
+            .filter(|l| l.stats.ttft.p95.is_some())
+            .min_by(|a, b| {
+                a.stats
+                    .ttft
+                    .p95
+                    .unwrap_or(f64::MAX)
+                    .total_cmp(&b.stats.ttft.p95.unwrap_or(f64::MAX))
+            })?
+    };
+    let ttft_p95 = chosen.stats.ttft.p95?;
+    let service_rate = chosen.stats.goodput_per_s();
+    // Whole tenths of a second, at least one tenth: the schema wants a positive duration.
+    let wait = ((target - ttft_p95).max(0.0) * 10.0).floor().max(1.0) / 10.0;
+    let max_rate = rates
+        .iter()
+        .filter(|r| meets(&r.stats, target, r.stats.arrival_to_first.p95))
+        .map(|r| r.rate)
+        .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))));
+    Some(Calibration {
+        target,
+        active_max: chosen.concurrency,
+        queue_depth: if met {
+            (service_rate * wait).floor() as usize
+        } else {
+            0
+        },
+        queue_wait_max: Duration::from_secs_f64(wait),
+        ttft_p95,
+        service_rate,
+        output_tok_s: chosen.stats.output_tok_per_s(),
+        max_rate,
+        met,
+    })
+}
+
+/// The `[admission]` lines, each with the measurement behind it.
+fn admission_lines(c: &Calibration) -> [String; 3] {
+    [
+        format!(
+            "# Calibrated: TTFT p95 {:.2} s at {} active ({:.2} req/s, {:.1} output tok/s); target {:.2} s{}.\nactive_max = {}",
+            c.ttft_p95,
+            c.active_max,
+            c.service_rate,
+            c.output_tok_s,
+            c.target,
+            if c.met { "" } else { " NOT MET at any level: the safest level measured" },
+            c.active_max
+        ),
+        format!(
+            "# Waiters drained within queue_wait_max at {:.2} req/s.\nqueue_depth = {}",
+            c.service_rate, c.queue_depth
+        ),
+        format!(
+            "# The TTFT budget left after TTFT p95 at active_max: later, the target is missed anyway.\nqueue_wait_max = \"{}ms\"",
+            c.queue_wait_max.as_millis()
+        ),
+    ]
+}
+
+/// A policy file: `base` (a policy's TOML text) with its three admission keys replaced, or a
+/// file of just the `[admission]` section (every other key keeps its default).
+pub fn policy_toml(c: &Calibration, base: Option<&str>) -> String {
+    let lines = admission_lines(c);
+    let header = format!(
+        "# Written by `sluice-load calibrate --ttft-p95 {}`{}.\n",
+        c.target,
+        c.max_rate.map_or_else(
+            || ", no swept arrival rate met the target".into(),
+            |r| format!("; arrivals up to {r:.2} req/s met the target")
+        )
+    );
+    let Some(base) = base else {
+        return format!("{header}\n[admission]\n{}\n", lines.join("\n"));
+    };
+    let keys = ["active_max", "queue_depth", "queue_wait_max"];
+    let mut out = header;
+    let mut section = String::new();
+    let mut written = [false; 3];
+    for line in base.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            if section == "admission" {
+                append_missing(&mut out, &lines, &mut written);
+            }
+            section = trimmed.trim_matches(['[', ']']).trim().to_owned();
+        }
+        let key = trimmed.split('=').next().unwrap_or("").trim();
+        match keys
+            .iter()
+            .position(|k| section == "admission" && *k == key)
+        {
+            Some(i) => {
+                out.push_str(&lines[i]);
+                out.push('\n');
+                written[i] = true;
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    if section == "admission" {
+        append_missing(&mut out, &lines, &mut written);
+    } else if !written.iter().any(|&w| w) {
+        out.push_str(&format!("\n[admission]\n{}\n", lines.join("\n")));
+    }
+    out
+}
+
+fn append_missing(out: &mut String, lines: &[String; 3], written: &mut [bool; 3]) {
+    for (line, done) in lines.iter().zip(written.iter_mut()) {
+        if !*done {
+            out.push_str(line);
+            out.push('\n');
+            *done = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::Summary;
+
+    fn stats(ok: usize, total: usize, wall_s: u64, ttft_p95: f64) -> ScenarioStats {
+        let s = Summary {
+            count: ok,
+            p50: Some(ttft_p95 / 2.0),
+            p95: Some(ttft_p95),
+            mean: None,
+        };
+        ScenarioStats {
+            total,
+            succeeded: ok,
+            wall: Duration::from_secs(wall_s),
+            completion_tokens: 100 * ok as u64,
+            ttft: s,
+            arrival_to_first: s,
+            ..ScenarioStats::default()
+        }
+    }
+
+    fn level(c: usize, ok: usize, wall: u64, ttft: f64) -> Level {
+        Level {
+            concurrency: c,
+            stats: stats(ok, 16, wall, ttft),
+        }
+    }
+
+    #[test]
+    fn the_knee_under_the_target_sets_the_policy() {
+        // Throughput: 0.8, 1.6, 1.65, 1.7 req/s; TTFT p95 0.5, 1.2, 2.5, 6 s.
+        let levels = [
+            level(1, 16, 20, 0.5),
+            level(2, 16, 10, 1.2),
+            level(4, 16, 10, 2.5),
+            level(8, 16, 9, 6.0),
+        ];
+        let rates = [
+            RatePoint {
+                rate: 0.5,
+                stats: stats(16, 16, 32, 1.0),
+            },
+            RatePoint {
+                rate: 1.0,
+                stats: stats(16, 16, 16, 2.9),
+            },
+            RatePoint {
+                rate: 2.0,
+                stats: stats(16, 16, 10, 9.0),
+            },
+        ];
+        let c = calibrate(&levels, &rates, 3.0).unwrap();
+        // C=4 meets 3 s but gains < 5% over C=2: the knee is 2.
+        assert_eq!(c.active_max, 2);
+        assert_eq!(c.ttft_p95, 1.2);
+        assert_eq!(c.service_rate, 1.6);
+        assert_eq!(c.queue_wait_max, Duration::from_millis(1800));
+        assert_eq!(c.queue_depth, 2); // 1.6 req/s × 1.8 s
+        assert_eq!(c.max_rate, Some(1.0));
+        assert!(c.met);
+
+        // A level with a failure does not count, however fast.
+        let mut failing = levels.clone();
+        failing[1].stats.succeeded = 15;
+        assert_eq!(calibrate(&failing, &rates, 3.0).unwrap().active_max, 4);
+
+        // Nothing meets 0.1 s: the lowest TTFT, an empty queue, flagged.
+        let c = calibrate(&levels, &rates, 0.1).unwrap();
+        assert_eq!(
+            (c.active_max, c.queue_depth, c.met, c.max_rate),
+            (1, 0, false, None)
+        );
+        assert!(calibrate(&[], &[], 1.0).is_none());
+    }
+
+    #[test]
+    fn policy_files_replace_only_the_admission_keys() {
+        let c = calibrate(&[level(4, 16, 10, 1.0)], &[], 3.0).unwrap();
+        let minimal = policy_toml(&c, None);
+        assert!(minimal.contains("[admission]\n# Calibrated"), "{minimal}");
+        assert!(minimal.contains("\nactive_max = 4\n"), "{minimal}");
+        assert!(minimal.contains("\nqueue_depth = 3\n"), "{minimal}");
+        assert!(
+            minimal.contains("\nqueue_wait_max = \"2000ms\"\n"),
+            "{minimal}"
+        );
+
+        let base = "[server]\nlisten = \"127.0.0.1:1\"\n\n[admission]\n# old\nactive_max = 9\nqueue_wait_max = \"60s\"\nheavy_active_max = 1\n\n[upstream]\nkind = \"bundled\"\n";
+        let out = policy_toml(&c, Some(base));
+        assert!(out.contains("listen = \"127.0.0.1:1\""));
+        assert!(
+            !out.contains("active_max = 9") && !out.contains("\"60s\""),
+            "{out}"
+        );
+        assert!(out.contains("heavy_active_max = 1"));
+        assert_eq!(out.matches("queue_depth = 3").count(), 1, "{out}");
+        let admission = &out[out.find("[admission]").unwrap()..out.find("[upstream]").unwrap()];
+        assert!(admission.contains("queue_depth = 3"), "{out}");
+        let no_admission = policy_toml(&c, Some("[server]\nlisten = \"127.0.0.1:1\"\n"));
+        assert!(
+            no_admission.ends_with("queue_wait_max = \"2000ms\"\n"),
+            "{no_admission}"
+        );
+    }
+}
