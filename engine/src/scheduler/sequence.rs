@@ -10,6 +10,7 @@ use crate::generate::{FinishReason, StopMatcher};
 use crate::kv::BlockTable;
 use crate::model::detok::StreamDecoder;
 use crate::model::tokenizer::Tokenizer;
+use crate::trace::AttrValue;
 
 /// A request and its progress. Its tokens are the prompt followed by what was generated;
 /// `num_scheduled` of them have been sent into the pipeline (their KV is computed or being
@@ -138,7 +139,7 @@ impl Sequence {
         };
         self.record_spans(
             now,
-            &[("gen_ai.response.finish_reasons", reason.as_str().to_owned())],
+            &[("gen_ai.response.finish_reasons", reason.as_str().into())],
         );
         let _ = self.tx.send(GenerationEvent::Finished {
             text,
@@ -150,14 +151,14 @@ impl Sequence {
     }
 
     pub fn fail(&self, err: crate::api::EngineError) {
-        self.record_spans(Instant::now(), &[("error.type", err.to_string())]);
+        self.record_spans(Instant::now(), &[("error.type", err.to_string().into())]);
         let _ = self.tx.send(GenerationEvent::Failed(err));
     }
 
     /// Records `engine.request` (a child of the caller's span, in the caller's trace) with
     /// `engine.prefill` (first scheduled → first token) and `engine.decode` (first token → end).
-    fn record_spans(&self, end: Instant, extra: &[(&'static str, String)]) {
-        use crate::trace::{new_id, record, SpanRecord};
+    fn record_spans(&self, end: Instant, extra: &[(&'static str, AttrValue)]) {
+        use crate::trace::{new_id, record, SpanKind, SpanRecord};
         let wall = |t: Instant| self.arrival_wall + t.saturating_duration_since(self.arrival);
         let (trace_id, parent_id) = match self.req.trace {
             Some(t) => (t.trace_id, Some(t.parent_id)),
@@ -165,19 +166,20 @@ impl Sequence {
         };
         let request_id = new_id::<8>();
         let mut attributes = vec![
-            ("gen_ai.usage.input_tokens", self.n_prompt.to_string()),
-            ("gen_ai.usage.output_tokens", self.n_generated().to_string()),
-            ("gen_ai.request.max_tokens", self.req.max_tokens.to_string()),
+            ("gen_ai.usage.input_tokens", self.n_prompt.into()),
+            ("gen_ai.usage.output_tokens", self.n_generated().into()),
+            ("gen_ai.request.max_tokens", self.req.max_tokens.into()),
         ];
         if let Some(s) = self.scheduled_at {
             attributes.push((
                 "gen_ai.latency.time_in_queue",
-                format!("{:.6}", (s - self.arrival).as_secs_f64()),
+                (s - self.arrival).as_secs_f64().into(),
             ));
         }
         attributes.extend(extra.iter().cloned());
-        let span = |name, span_id, parent_id, start, end, attributes| SpanRecord {
+        let span = |name, kind, span_id, parent_id, start, end, attributes| SpanRecord {
             name,
+            kind,
             trace_id,
             span_id,
             parent_id,
@@ -187,6 +189,7 @@ impl Sequence {
         };
         record(span(
             "engine.request",
+            SpanKind::Server,
             request_id,
             parent_id,
             self.arrival,
@@ -197,6 +200,7 @@ impl Sequence {
             let first = self.first_token_at.unwrap_or(end);
             record(span(
                 "engine.prefill",
+                SpanKind::Internal,
                 new_id(),
                 Some(request_id),
                 s,
@@ -206,6 +210,7 @@ impl Sequence {
             if self.first_token_at.is_some() {
                 record(span(
                     "engine.decode",
+                    SpanKind::Internal,
                     new_id(),
                     Some(request_id),
                     first,

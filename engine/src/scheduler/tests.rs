@@ -252,8 +252,10 @@ async fn engine_spans_join_the_callers_trace() {
     );
     assert!(req.start <= pre.start && pre.end <= dec.start && dec.end <= req.end);
     assert!(
-        req.attributes
-            .contains(&("gen_ai.usage.output_tokens", "5".into())),
+        req.attributes.contains(&(
+            "gen_ai.usage.output_tokens",
+            crate::trace::AttrValue::Int(5)
+        )),
         "{:?}",
         req.attributes
     );

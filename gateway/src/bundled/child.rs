@@ -13,6 +13,7 @@ use super::BundledConfig;
 pub(crate) fn spawn(config: &BundledConfig, addr: SocketAddr) -> std::io::Result<Child> {
     let mut child = Command::new(&config.engine_bin)
         .args(config.args(addr))
+        .envs(config.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -27,6 +27,8 @@ pub struct BundledConfig {
     pub start_timeout: Duration,
     /// Arguments passed after the supervisor's own, e.g. `--threads 2`.
     pub extra_args: Vec<String>,
+    /// Environment set for the engine on top of the gateway's own (its OTLP settings).
+    pub env: Vec<(String, String)>,
     /// Delays between restarts.
     pub backoff: Backoff,
 }
@@ -40,6 +42,7 @@ impl BundledConfig {
             ranks: 3,
             start_timeout: Duration::from_secs(120),
             extra_args: Vec::new(),
+            env: Vec::new(),
             backoff: Backoff::default(),
         }
     }

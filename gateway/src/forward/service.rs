@@ -21,8 +21,9 @@ use crate::error::GatewayError;
 use crate::middleware::auth::PRIORITY_HEADER;
 use crate::middleware::count::{PromptTokens, PROMPT_TOKENS_HEADER};
 use crate::middleware::parse::Json;
-use crate::middleware::request_id::{RequestId, RequestTrace, REQUEST_ID_HEADER};
+use crate::middleware::request_id::{RequestId, REQUEST_ID_HEADER};
 use crate::policy::PolicyStore;
+use crate::telemetry::{RequestRecord, RequestTrace, UpstreamTrace};
 
 /// The HTTP client to upstreams.
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -91,10 +92,21 @@ impl Service<Request<Json>> for Forward {
                     h.insert(REQUEST_ID_HEADER, v);
                 }
             }
-            if let Some(trace) = parts.extensions.get::<RequestTrace>() {
-                if let Ok(v) = HeaderValue::from_str(&trace.span.to_string()) {
-                    h.insert("traceparent", v);
-                }
+            // The engine's spans go under `gateway.upstream` (or the request's own span when
+            // nothing admitted it, as in tests of this layer alone).
+            let trace = parts
+                .extensions
+                .get::<UpstreamTrace>()
+                .map(|u| u.0)
+                .or_else(|| parts.extensions.get::<RequestTrace>().map(|t| t.span));
+            if let Some(Ok(v)) = trace.map(|t| HeaderValue::from_str(&t.to_string())) {
+                h.insert("traceparent", v);
+            }
+            if let (Some(r), Some(m)) = (
+                parts.extensions.get::<RequestRecord>(),
+                json.value.get("model").and_then(|m| m.as_str()),
+            ) {
+                r.set_model(m);
             }
             let resp = tokio::time::timeout(idle, client.request(out))
                 .await

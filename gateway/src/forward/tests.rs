@@ -15,7 +15,7 @@ use tower::ServiceExt;
 use super::*;
 use crate::middleware::count::PromptTokens;
 use crate::middleware::parse::Json;
-use crate::middleware::request_id::RequestTrace;
+use crate::telemetry::RequestTrace;
 
 type Seen = Arc<Mutex<Vec<(http::HeaderMap, serde_json::Value)>>>;
 

@@ -2,7 +2,7 @@
 //!
 //! - Adds [`RequestId`] (the client's `x-request-id` when it is sane, else a new one) and
 //!   [`RequestTrace`] (the caller's trace from `traceparent`, or a new one, with the gateway's
-//!   own span id) to the request.
+//!   own span id) to the request, and the [`RequestRecord`] the spans are built from.
 //! - Turns every [`GatewayError`] from the layers below into its response (through
 //!   [`GatewayError::into_response`], the one mapping) and logs it.
 //! - Sets `x-request-id` and `traceparent` on every response.
@@ -15,44 +15,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{HeaderValue, Request, Response};
-use sluice_engine::trace::{new_id, to_hex, TraceContext};
+use sluice_engine::trace::{new_id, to_hex};
 use tower::{Layer, Service, ServiceExt};
 
 use crate::body::GatewayBody;
 use crate::error::GatewayError;
-use crate::telemetry::{Metrics, OutcomeGuard, RequestRecord};
+use crate::telemetry::{Metrics, OutcomeGuard, RequestRecord, RequestTrace};
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// The request's id (an extension).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestId(pub Arc<str>);
-
-/// The request's place in a trace (an extension): its trace and the gateway's span in it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RequestTrace {
-    /// The caller's context, if it sent one.
-    pub parent: Option<TraceContext>,
-    /// The gateway's `gateway.request` span: the parent of everything downstream.
-    pub span: TraceContext,
-}
-
-impl RequestTrace {
-    /// The trace of a request with `traceparent` header `header` (if any).
-    pub fn from_header(header: Option<&str>) -> Self {
-        let parent = header.and_then(TraceContext::parse);
-        let span_id = new_id::<8>();
-        let span = match parent {
-            Some(p) => p.child(span_id),
-            None => TraceContext {
-                trace_id: new_id::<16>(),
-                parent_id: span_id,
-                flags: 1,
-            },
-        };
-        Self { parent, span }
-    }
-}
 
 /// The layer.
 #[derive(Clone, Debug, Default)]
@@ -117,7 +91,7 @@ where
         let id = RequestId(id.into());
         req.extensions_mut().insert(id.clone());
         req.extensions_mut().insert(trace);
-        let record = RequestRecord::new(tokio::time::Instant::now());
+        let record = RequestRecord::new(tokio::time::Instant::now(), trace);
         req.extensions_mut().insert(record.clone());
         let inner = self.inner.clone();
         let guard = OutcomeGuard::accept(self.metrics.clone(), record);

@@ -21,6 +21,6 @@ mod tests;
 pub use load::{check_file, LoadedPolicy, PolicyError};
 pub use reload::{spawn_reloader, ReloadHandle};
 pub use schema::{
-    Admin, Admission, Alerts, Class, Limits, Policy, Server, Tenant, Upstream, UpstreamKind,
+    Admin, Admission, Alerts, Class, Limits, Policy, Server, Tenant, Traces, Upstream, UpstreamKind,
 };
 pub use store::PolicyStore;

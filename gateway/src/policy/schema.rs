@@ -17,6 +17,7 @@ pub struct Policy {
     pub upstream: Upstream,
     pub tenants: Vec<Tenant>,
     pub alerts: Alerts,
+    pub traces: Traces,
     pub admin: Admin,
 }
 
@@ -242,6 +243,31 @@ impl Default for Alerts {
             window: Duration::from_secs(60),
             evaluate_every: Duration::from_secs(5),
             repeat_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// `[traces]`: OTLP trace export, for when the standard `OTEL_EXPORTER_OTLP_*` variables are not
+/// set (they win when they are). Read at start: a change needs a restart.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Traces {
+    /// The collector's base URL, `http://host:4318` (HTTP) or `http://host:4317` (gRPC); none:
+    /// no export.
+    pub endpoint: Option<String>,
+    /// `http/protobuf` (the default) or `grpc`.
+    pub protocol: Option<String>,
+    /// The gateway's `service.name` (default `sluice-gateway`; the bundled engine reports as
+    /// `sluice-engine`).
+    pub service_name: Option<String>,
+}
+
+impl Traces {
+    pub fn settings(&self) -> sluice_engine::trace::otlp::OtlpSettings {
+        sluice_engine::trace::otlp::OtlpSettings {
+            endpoint: self.endpoint.clone(),
+            protocol: self.protocol.clone(),
+            service_name: self.service_name.clone(),
         }
     }
 }

@@ -142,6 +142,7 @@ fn unknown_key_inside_each_table_is_refused() {
         "[admission]",
         "[upstream]",
         "[alerts]",
+        "[traces]",
         "[admin]",
         &format!("[[tenants]]\nname = \"a\"\napi_key_sha256 = \"{ALICE}\""),
     ];
@@ -318,6 +319,28 @@ fn upstream_openai_with_urls_is_accepted() {
     let text = "[upstream]\nkind = \"openai\"\nurls = [\"http://10.0.0.1:8000\", \"https://h/\"]";
     let p = parse(text).expect("openai upstream");
     assert_eq!(p.upstream.urls.len(), 2);
+}
+
+// --- [traces] ---
+
+refused!(
+    traces_endpoint_https,
+    "[traces]\nendpoint = \"https://collector:4318\"",
+    "traces.endpoint",
+    "not an http:// URL"
+);
+refused!(
+    traces_protocol_json,
+    "[traces]\nendpoint = \"http://c:4318\"\nprotocol = \"http/json\"",
+    "traces.protocol",
+    "use \"grpc\" or \"http/protobuf\""
+);
+
+#[test]
+fn traces_grpc_endpoint_is_accepted() {
+    let p = parse("[traces]\nendpoint = \"http://127.0.0.1:4317\"\nprotocol = \"grpc\"")
+        .expect("grpc traces");
+    assert_eq!(p.traces.protocol.as_deref(), Some("grpc"));
 }
 
 // --- the error as a whole ---

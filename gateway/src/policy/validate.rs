@@ -12,7 +12,7 @@ use http::Uri;
 
 use super::load::PolicyError;
 use super::schema::{
-    Admin, Admission, Alerts, Limits, Policy, Server, Tenant, Upstream, UpstreamKind,
+    Admin, Admission, Alerts, Limits, Policy, Server, Tenant, Traces, Upstream, UpstreamKind,
 };
 
 /// The longest `admission.queue_wait_max`, `server.drain_timeout` and `upstream.start_timeout`.
@@ -65,6 +65,7 @@ pub fn problems(p: &Policy) -> Vec<Problem> {
     upstream(&p.upstream, &mut out);
     tenants(&p.tenants, &p.admin, &mut out);
     alerts(&p.alerts, &mut out);
+    traces(&p.traces, &mut out);
     admin(&p.admin, &mut out);
     out.0
 }
@@ -320,6 +321,15 @@ fn tenants(ts: &[Tenant], admin: &Admin, out: &mut Problems) {
                 "must be at least 1 (leave it out for no limit)",
             );
         }
+    }
+}
+
+fn traces(t: &Traces, out: &mut Problems) {
+    use sluice_engine::trace::otlp::{OtlpConfig, OtlpConfigError};
+    match OtlpConfig::resolve(|_| None, &t.settings(), "sluice-gateway") {
+        Ok(_) => {}
+        Err(e @ OtlpConfigError::Protocol(_)) => out.add("traces.protocol", e.to_string()),
+        Err(e) => out.add("traces.endpoint", e.to_string()),
     }
 }
 

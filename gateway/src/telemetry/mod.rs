@@ -5,14 +5,17 @@
 //! - [`metrics`]: the counters and histograms, and `GET /metrics`.
 //! - [`outcome`]: how a request ended, and the body that records it at its end.
 //! - [`record`]: the facts the layers learn about a request on its way down.
+//! - [`spans`]: the request's trace (`gateway.request`, `gateway.queue`, `gateway.upstream`).
 //! - [`usage`]: reading the completion-token count out of a response.
 
 pub mod metrics;
 pub mod outcome;
 pub mod record;
+pub mod spans;
 pub mod usage;
 
 pub use metrics::Metrics;
 pub use outcome::{Outcome, OutcomeGuard};
 pub use record::RequestRecord;
+pub use spans::{QueueOutcome, RequestTrace, UpstreamTrace};
 pub use usage::UsageScanner;

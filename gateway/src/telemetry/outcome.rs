@@ -9,6 +9,7 @@ use http::StatusCode;
 use http_body_util::BodyExt;
 
 use super::record::RequestRecord;
+use super::spans::Ended;
 use super::usage::UsageScanner;
 use super::Metrics;
 use crate::body::{BoxError, GatewayBody, Tap, TapBody};
@@ -104,8 +105,15 @@ impl OutcomeGuard {
     /// The request ended with an error response.
     pub fn refused(mut self, e: &GatewayError) {
         if let Some((m, r)) = self.end.take() {
-            let facts = r.facts();
-            m.ended(Outcome::of_error(e), e.code(), facts.class);
+            let outcome = Outcome::of_error(e);
+            m.ended(outcome, e.code(), r.facts().class);
+            r.finish(&Ended {
+                at: tokio::time::Instant::now(),
+                outcome,
+                code: e.code(),
+                status: Some(e.class().status.as_u16()),
+                output_tokens: None,
+            });
         }
     }
 
@@ -126,6 +134,13 @@ impl Drop for OutcomeGuard {
     fn drop(&mut self) {
         if let Some((m, r)) = self.end.take() {
             m.ended(Outcome::Cancelled, "none", r.facts().class);
+            r.finish(&Ended {
+                at: tokio::time::Instant::now(),
+                outcome: Outcome::Cancelled,
+                code: "none",
+                status: None,
+                output_tokens: None,
+            });
         }
     }
 }
@@ -160,15 +175,24 @@ impl Ending {
         let Some((m, r)) = self.end.take() else {
             return;
         };
+        let at = tokio::time::Instant::now();
         let facts = r.facts();
         m.ended(outcome, code, facts.class);
-        m.request_duration.observe(facts.arrived.elapsed());
+        m.request_duration.observe(at - facts.arrived);
         if let Some(n) = facts.prompt_tokens {
             m.input_tokens.observe_value(n as f64);
         }
-        if let Some(n) = self.usage.completion_tokens() {
+        let output_tokens = self.usage.completion_tokens();
+        if let Some(n) = output_tokens {
             m.output_tokens.observe_value(n as f64);
         }
+        r.finish(&Ended {
+            at,
+            outcome,
+            code,
+            status: Some(self.status.as_u16()),
+            output_tokens,
+        });
     }
 }
 
@@ -178,6 +202,7 @@ impl Tap for Ending {
             self.seen_data = true;
             if let Some((m, r)) = &self.end {
                 m.time_to_first_token.observe(r.facts().arrived.elapsed());
+                r.first_byte();
             }
         }
         self.usage.push(data);

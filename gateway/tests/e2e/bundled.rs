@@ -7,11 +7,43 @@ use std::time::Duration;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
+use sluice_engine::trace::TraceContext;
 use sluice_gateway::bundled::{BundledConfig, Supervisor};
 use sluice_gateway::forward::BundledUpstream;
 use sluice_gateway::policy::Policy;
 
 use crate::common::Gateway;
+use crate::otlp::{named, Collector};
+
+/// The engine's `engine.request` hangs under the gateway's `gateway.upstream`, with
+/// `engine.prefill` and `engine.decode` under it, inside the upstream span's time.
+async fn assert_engine_joins_the_trace(collector: &Collector, trace: &TraceContext) {
+    let names = [
+        "gateway.request",
+        "gateway.queue",
+        "gateway.upstream",
+        "engine.request",
+        "engine.prefill",
+        "engine.decode",
+    ];
+    let spans = collector.wait_for(&trace.trace_id, &names).await;
+    let by = |n: &str| named(&spans, n);
+    let (upstream, request) = (by("gateway.upstream"), by("engine.request"));
+    assert_eq!(upstream.service, "sluice-gateway");
+    assert_eq!(request.service, "sluice-engine");
+    assert_eq!(request.span.parent_span_id, upstream.span.span_id);
+    for child in ["engine.prefill", "engine.decode"] {
+        assert_eq!(
+            by(child).span.parent_span_id,
+            request.span.span_id,
+            "{child}"
+        );
+    }
+    // Two processes' clocks: the same wall clock, read at different moments (2 ms slack).
+    let slack = 2_000_000;
+    assert!(request.span.start_time_unix_nano + slack >= upstream.span.start_time_unix_nano);
+    assert!(request.span.end_time_unix_nano <= upstream.span.end_time_unix_nano + slack);
+}
 
 fn prompt_tokens(headers: &http::HeaderMap) -> u64 {
     headers["x-sluice-prompt-tokens"]
@@ -26,6 +58,14 @@ async fn the_gateway_fronts_the_real_bundled_engine() {
     let bin = BundledConfig::locate_engine_bin().unwrap_or_else(|e| panic!("{e}"));
     let mut cfg = BundledConfig::new(bin, sluice_engine::model::default_model_path());
     cfg.ranks = 3;
+    // The gateway exports its spans over gRPC, the engine its own over HTTP/protobuf, to one
+    // collector: a request's spans from both processes make one trace.
+    let collector = crate::otlp::export_gateway_spans();
+    cfg.env = crate::otlp::config(collector.http, "http/protobuf", "unused")
+        .child_env("sluice-engine")
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
     let sup = Arc::new(Supervisor::start(cfg).await.expect("engine"));
     sup.wait_ready(Duration::from_secs(180))
         .await
@@ -84,6 +124,8 @@ async fn the_gateway_fronts_the_real_bundled_engine() {
     let resp = c.send("POST", "/v1/chat/completions", Some(&body)).await;
     assert_eq!(resp.status(), StatusCode::OK);
     let counted = prompt_tokens(resp.headers());
+    let trace = TraceContext::parse(resp.headers()["traceparent"].to_str().expect("ascii"))
+        .expect("traceparent");
     let mut frames = 0;
     let mut text = String::new();
     let mut body = resp.into_body();
@@ -94,6 +136,7 @@ async fn the_gateway_fronts_the_real_bundled_engine() {
         }
     }
     assert!(frames > 3, "the stream came in {frames} pieces");
+    assert_engine_joins_the_trace(collector, &trace).await;
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     let usage: Value = text
         .lines()

@@ -271,6 +271,20 @@ impl ScriptedUpstream {
     }
 }
 
+/// The default policy with `active_max` slots and a queue of `queue_depth`.
+pub fn policy(active_max: usize, queue_depth: usize) -> Policy {
+    let mut p = Policy::default();
+    p.admission.active_max = active_max;
+    p.admission.queue_depth = queue_depth;
+    p.admission.heavy_active_max = p.admission.heavy_active_max.min(active_max);
+    p
+}
+
+/// A short streamed chat request.
+pub fn chat() -> Value {
+    serde_json::json!({"messages": [{"role": "user", "content": "Hello"}], "stream": true, "max_tokens": 8})
+}
+
 /// Waits until `cond` holds (checked every 10 ms), at most `limit`.
 pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + limit;

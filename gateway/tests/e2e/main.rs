@@ -3,5 +3,6 @@
 
 mod bundled;
 mod common;
+mod otlp;
 mod reload;
 mod scripted;

@@ -6,24 +6,11 @@ use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use serde_json::json;
-use sluice_gateway::policy::Policy;
 
-use crate::common::{eventually, Client, Gateway, ScriptedUpstream};
-
-fn policy(active_max: usize, queue_depth: usize) -> Policy {
-    let mut p = Policy::default();
-    p.admission.active_max = active_max;
-    p.admission.queue_depth = queue_depth;
-    p.admission.heavy_active_max = p.admission.heavy_active_max.min(active_max);
-    p
-}
+use crate::common::{chat, eventually, policy, Client, Gateway, ScriptedUpstream};
 
 fn tokens(n: usize) -> serde_json::Value {
     json!({"prompt": (0..n).map(|i| 100 + (i % 1000)).collect::<Vec<_>>(), "max_tokens": 1, "stream": true})
-}
-
-fn chat() -> serde_json::Value {
-    json!({"messages": [{"role": "user", "content": "Hello"}], "stream": true, "max_tokens": 8})
 }
 
 #[tokio::test]

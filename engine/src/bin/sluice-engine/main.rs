@@ -141,6 +141,13 @@ impl ModelArgs {
 }
 
 fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("sluice-engine: {e:#}");
         std::process::exit(1);

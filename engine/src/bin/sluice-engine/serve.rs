@@ -19,6 +19,7 @@ use sluice_engine::pipeline::remote::{Peers, RemoteDriver};
 use sluice_engine::pipeline::worker::{run_rank, RankOptions};
 use sluice_engine::pipeline::{LayerSplit, LocalDriver, Stage};
 use sluice_engine::scheduler::{EngineConfig, EngineHandle, Scheduler, SchedulerConfig};
+use sluice_engine::trace::otlp::{self, OtlpConfig, OtlpSettings};
 use sluice_engine::transport::DialOptions;
 
 /// What every rank needs to know about the model and its share of memory.
@@ -262,6 +263,10 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
+        // Traces: the standard OTEL_* variables (the gateway sets them for its bundled engine).
+        let exporter = OtlpConfig::from_env(&OtlpSettings::default(), "sluice-engine")
+            .context("the OTLP trace settings")?
+            .map(otlp::install);
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;
@@ -275,6 +280,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             eprintln!("shutting down: finishing in-flight requests");
         };
         sluice_engine::server::serve(listener, handle.clone(), shutdown).await?;
+        if let Some(e) = exporter {
+            e.flush().await;
+        }
         anyhow::Ok(())
     })?;
     handle.shutdown();

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use sluice_engine::trace::otlp::{self, OtlpConfig};
 use sluice_gateway::app::{stack, App};
 use sluice_gateway::bundled::{BundledConfig, Supervisor};
 use sluice_gateway::forward::{BundledUpstream, StaticUpstream, Upstream};
@@ -76,6 +77,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let counter = GgufCounter::open(&counting)
         .with_context(|| format!("reading the tokenizer from {}", counting.display()))?;
 
+    // Traces: the standard OTEL_* variables, else the policy's [traces]; none: no export.
+    let otlp = OtlpConfig::from_env(&policy.traces.settings(), "sluice-gateway")
+        .context("the OTLP trace settings")?;
+    let exporter = otlp.clone().map(otlp::install);
+
     let mut supervisor = None;
     let upstream: Arc<dyn Upstream> = match policy.upstream.kind {
         UpstreamKind::Bundled => {
@@ -83,6 +89,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             cfg.ranks = policy.upstream.ranks;
             cfg.start_timeout = policy.upstream.start_timeout;
             cfg.extra_args = args.engine_args.clone();
+            if let Some(o) = &otlp {
+                // The engine's spans join the gateway's traces, under their own service name.
+                cfg.env = o
+                    .child_env("sluice-engine")
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .collect();
+            }
             let sup = Arc::new(Supervisor::start(cfg).await?);
             tracing::info!(addr = %sup.addr(), ranks = policy.upstream.ranks, "bundled engine starting");
             supervisor = Some(sup.clone());
@@ -161,6 +175,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )
     .await?;
     tracing::info!("drained; stopping");
+    if let Some(e) = exporter {
+        e.flush().await;
+    }
     if let Some(sup) = supervisor.and_then(|s| Arc::try_unwrap(s).ok()) {
         sup.shutdown().await;
     }

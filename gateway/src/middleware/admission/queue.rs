@@ -245,6 +245,11 @@ impl Admission {
         self.lock().overloaded(class)
     }
 
+    /// Requests waiting now.
+    pub fn queued(&self) -> usize {
+        self.lock().waiters.len()
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let st = self.lock();
         let batch = st

@@ -16,7 +16,7 @@ use crate::body::GatewayBody;
 use crate::error::GatewayError;
 use crate::middleware::auth::Caller;
 use crate::middleware::count::PromptTokens;
-use crate::telemetry::Metrics;
+use crate::telemetry::{Metrics, QueueOutcome, RequestRecord, UpstreamTrace};
 
 /// The response header with the time spent queued, in whole milliseconds.
 pub const QUEUE_MS_HEADER: &str = "x-sluice-queue-ms";
@@ -79,17 +79,30 @@ where
         // The clone that was driven to ready is the one called; a fresh clone stays here.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
+        let record = req.extensions().get::<RequestRecord>().cloned();
         Box::pin(async move {
             let arrived = tokio::time::Instant::now();
+            if let Some(r) = &record {
+                r.queue_entered(admission.queued());
+            }
             let admitted = match acquire(admission, ticket).await {
                 Ok(a) => a,
                 Err(e) => {
                     metrics.queue_wait.observe(arrived.elapsed());
+                    if let Some(r) = &record {
+                        r.queue_refused(match e {
+                            GatewayError::QueueTimeout { .. } => QueueOutcome::Timeout,
+                            _ => QueueOutcome::Shed,
+                        });
+                    }
                     return Err(e);
                 }
             };
             metrics.queue_wait.observe(admitted.queued);
             req.extensions_mut().insert(QueueTime(admitted.queued));
+            if let Some(r) = &record {
+                req.extensions_mut().insert(UpstreamTrace(r.granted()));
+            }
             let resp = inner.oneshot(req).await?;
             let (mut parts, body) = resp.into_parts();
             parts.headers.insert(

@@ -13,6 +13,7 @@ use super::queue::Admission;
 use crate::body::GatewayBody;
 use crate::error::GatewayError;
 use crate::middleware::auth::Caller;
+use crate::telemetry::{QueueOutcome, RequestRecord};
 
 /// Sheds calls made while the inner service was not ready.
 #[derive(Clone, Debug)]
@@ -64,6 +65,9 @@ where
                 .map(|c| c.class)
                 .unwrap_or_default();
             let err = self.admission.overloaded(class);
+            if let Some(r) = req.extensions().get::<RequestRecord>() {
+                r.queue_refused(QueueOutcome::Shed);
+            }
             return Box::pin(async move { Err(err) });
         }
         Box::pin(self.inner.call(req))

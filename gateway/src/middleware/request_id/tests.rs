@@ -3,6 +3,7 @@ use tower::{Layer, ServiceExt};
 
 use super::*;
 use crate::body;
+use sluice_engine::trace::TraceContext;
 
 fn service(
     fail: bool,

@@ -1,7 +1,6 @@
-//! W3C trace context (`traceparent`), so the engine's spans join the caller's trace.
+//! W3C trace context (`traceparent`): the engine's spans join the caller's trace.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 /// A parsed `traceparent`: version 00, trace id, parent span id, flags.
@@ -61,47 +60,6 @@ impl fmt::Display for TraceContext {
             to_hex(&self.parent_id),
             self.flags
         )
-    }
-}
-
-/// A finished span: the engine records these and a [`SpanSink`] exports them (OTLP is the
-/// observability issue's); without a sink they go to the `tracing` log at debug level.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SpanRecord {
-    pub name: &'static str,
-    pub trace_id: [u8; 16],
-    pub span_id: [u8; 8],
-    /// The parent span (the caller's, for `engine.request`).
-    pub parent_id: Option<[u8; 8]>,
-    pub start: SystemTime,
-    pub end: SystemTime,
-    pub attributes: Vec<(&'static str, String)>,
-}
-
-/// Where finished spans go.
-pub trait SpanSink: Send + Sync {
-    fn record(&self, span: SpanRecord);
-}
-
-static SINK: OnceLock<Arc<dyn SpanSink>> = OnceLock::new();
-
-/// Installs the process's span sink (once; later calls are ignored and return `false`).
-pub fn set_sink(sink: Arc<dyn SpanSink>) -> bool {
-    SINK.set(sink).is_ok()
-}
-
-/// Hands a finished span to the sink.
-pub fn record(span: SpanRecord) {
-    match SINK.get() {
-        Some(s) => s.record(span),
-        None => tracing::debug!(
-            name = span.name,
-            trace_id = %to_hex(&span.trace_id),
-            span_id = %to_hex(&span.span_id),
-            parent_id = %span.parent_id.map(|p| to_hex(&p)).unwrap_or_default(),
-            duration_ms = span.end.duration_since(span.start).map_or(0.0, |d| d.as_secs_f64() * 1e3),
-            "span"
-        ),
     }
 }
 
