@@ -131,7 +131,7 @@ fn scaled(base: usize, scale: f64, min: usize) -> Option<usize> {
 }
 
 /// The matrix at `scale` (1 = the deployment's request counts): short and medium tasks at
-/// concurrency 4 and 8; arrivals at 0.10, 0.20 and 0.30 req/s (client concurrency 8); long
+/// concurrency 4 and 8 (at least one request per worker); arrivals at 0.10, 0.20 and 0.30 req/s (client concurrency 8); long
 /// inputs of 4K and 8K; a repeated 12K input; the 16K boundary; needles at `depths` in 4K and
 /// 8K haystacks; function calls after 1K of context; and a Poisson soak of `soak` (the
 /// deployment watched 83 minutes).
@@ -154,7 +154,8 @@ pub fn matrix(scale: f64, soak: Duration, depths: &[f64]) -> Vec<Row> {
             s,
             RowKind::Shape(shape(s)),
             closed(c),
-            count(40, 1),
+            // At least one request per worker, or the level is not at its concurrency.
+            count(40, c),
         ));
     }
     for rate in [0.10, 0.20, 0.30] {
@@ -291,5 +292,13 @@ mod tests {
             ]
         );
         assert_eq!(quarter[14].bound.duration, Some(Duration::from_secs(60)));
+        let tenth = matrix(0.1, Duration::from_secs(60), &[0.5]);
+        let counts: Vec<Option<usize>> = tenth.iter().take(5).map(|r| r.bound.requests).collect();
+        assert_eq!(counts, [Some(4), Some(8), Some(4), Some(8), Some(4)]);
+        assert_eq!(
+            tenth[11].bound.requests,
+            Some(1),
+            "one needle per depth at least"
+        );
     }
 }
