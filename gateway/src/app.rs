@@ -54,6 +54,22 @@ impl App {
                 }
             }
         });
+        // The upstream's own ceiling (replicas up and not saturated) lowers admission's.
+        if let Some(mut capacity) = upstream.capacity() {
+            let follower = Arc::downgrade(&admission);
+            tokio::spawn(async move {
+                loop {
+                    let c = *capacity.borrow_and_update();
+                    match follower.upgrade() {
+                        Some(admission) => admission.set_capacity(c),
+                        None => break,
+                    }
+                    if capacity.changed().await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
         Self {
             policy,
             admission,

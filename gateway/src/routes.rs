@@ -110,6 +110,7 @@ impl Router {
         let mut text = app
             .metrics
             .render(&app.admission.snapshot(), &app.upstream.ranks());
+        app.upstream.render_metrics(&mut text);
         if let Some(alerter) = app.alerter.get() {
             text.push_str(&alerter.render_prometheus());
         }

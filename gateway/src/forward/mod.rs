@@ -3,14 +3,20 @@
 //! chunk by chunk as it arrives.
 //!
 //! - [`upstream`]: where requests go (the bundled engine, or OpenAI-compatible URLs).
+//! - [`replicas`]: several OpenAI-compatible replicas: balancing, health, saturation.
+//! - [`client`]: the HTTP(S) client to upstreams.
 //! - [`service`]: the forwarding service.
 
+pub mod client;
 mod idle;
+pub mod replicas;
 mod service;
 pub mod upstream;
 
 #[cfg(test)]
 mod tests;
 
-pub use service::{Forward, HttpClient};
+pub use client::{http_client, HttpClient};
+pub use replicas::ReplicaPool;
+pub use service::Forward;
 pub use upstream::{BundledUpstream, StaticUpstream, Target, Upstream};

@@ -9,13 +9,11 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName};
 use http::{HeaderValue, Method, Request, Response};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use tower::Service;
 
+use super::client::{http_client, HttpClient};
 use super::idle::IdleBody;
-use super::upstream::Upstream;
+use super::upstream::{Target, Upstream};
 use crate::body::{BoxError, GatewayBody};
 use crate::error::GatewayError;
 use crate::middleware::auth::PRIORITY_HEADER;
@@ -25,29 +23,28 @@ use crate::middleware::request_id::{RequestId, REQUEST_ID_HEADER};
 use crate::policy::PolicyStore;
 use crate::telemetry::{RequestRecord, RequestTrace, UpstreamTrace};
 
-/// The HTTP client to upstreams.
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-/// A client with pooled keep-alive connections and `TCP_NODELAY`.
-pub fn http_client() -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
-    Client::builder(TokioExecutor::new()).build(connector)
-}
-
 /// Sends each request to the upstream and streams its response back.
 #[derive(Clone, Debug)]
 pub struct Forward {
-    client: HttpClient,
+    /// `None` only if no TLS client could be built at all (every request then says so).
+    client: Option<HttpClient>,
     upstream: Arc<dyn Upstream>,
     policy: Arc<PolicyStore>,
 }
 
 impl Forward {
+    /// Trusts `upstream.ca` for `https://` upstreams (read now; a change needs a restart).
     pub fn new(upstream: Arc<dyn Upstream>, policy: Arc<PolicyStore>) -> Self {
+        let ca = policy.current().policy.upstream.ca.clone();
+        let client = http_client(ca.as_deref())
+            .or_else(|e| {
+                tracing::error!(error = %e, "upstream.ca is unusable; trusting the system's roots");
+                http_client(None)
+            })
+            .map_err(|e| tracing::error!(error = %e, "no TLS client for upstreams"))
+            .ok();
         Self {
-            client: http_client(),
+            client,
             upstream,
             policy,
         }
@@ -66,52 +63,66 @@ impl Service<Request<Json>> for Forward {
     fn call(&mut self, req: Request<Json>) -> Self::Future {
         let client = self.client.clone();
         let upstream = self.upstream.clone();
-        let idle = self.policy.current().policy.upstream.idle_timeout;
+        let policy = self.policy.current();
+        let up = &policy.policy.upstream;
+        let idle = up.idle_timeout;
+        let api_key = up
+            .api_key_env
+            .as_deref()
+            .and_then(|var| std::env::var(var).ok());
+        let (parts, mut json) = req.into_parts();
+        if let Some(model) = json.value.get("model").and_then(|m| m.as_str()) {
+            if let Some(r) = parts.extensions.get::<RequestRecord>() {
+                r.set_model(model);
+            }
+            if let Some(to) = up.models.get(model) {
+                json.value["model"] = to.clone().into();
+            }
+        }
         Box::pin(async move {
-            let target = upstream.target()?;
-            let (parts, json) = req.into_parts();
-            let path = parts
-                .uri
-                .path_and_query()
-                .map_or(parts.uri.path(), |p| p.as_str());
+            let client = client
+                .ok_or_else(|| GatewayError::Internal("no TLS client for upstreams".into()))?;
             let body = serde_json::to_vec(&json.value)
+                .map(Bytes::from)
                 .map_err(|e| GatewayError::Internal(format!("re-encoding the body: {e}")))?;
-            let mut out = Request::builder()
-                .method(Method::POST)
-                .uri(target.uri(path)?)
-                .body(Full::new(Bytes::from(body)))
-                .map_err(|e| GatewayError::Internal(e.to_string()))?;
-            copy_headers(&parts.headers, out.headers_mut(), REQUEST_ONLY);
-            let h = out.headers_mut();
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            if let Some(id) = parts.extensions.get::<RequestId>() {
-                if let Ok(v) = HeaderValue::from_str(&id.0) {
-                    h.insert(REQUEST_ID_HEADER, v);
+            let outgoing = Outgoing {
+                parts: &parts,
+                body,
+                api_key: api_key.as_deref(),
+            };
+            // Only a refused connection is retried (on another replica): nothing reached an
+            // engine. Once a request may have started generating, it is never sent twice.
+            let mut tried = Vec::new();
+            let mut refused = None;
+            let (lease, resp) = loop {
+                let lease = match upstream.lease(&tried) {
+                    Ok(l) => l,
+                    Err(e) => return Err(refused.unwrap_or(e)),
+                };
+                let sent = tokio::time::timeout(idle, client.request(outgoing.to(&lease.target)?));
+                match sent.await {
+                    Ok(Ok(resp)) => {
+                        lease.answered(resp.status());
+                        break (lease, resp);
+                    }
+                    Ok(Err(e)) => {
+                        lease.failed();
+                        let err = upstream.connect_error(&lease.target, &e);
+                        match lease.replica() {
+                            Some(i) if e.is_connect() => {
+                                tracing::warn!(replica = %lease.target.base, error = %e, "connect failed; trying another replica");
+                                tried.push(i);
+                                refused = Some(err);
+                            }
+                            _ => return Err(err),
+                        }
+                    }
+                    Err(_) => {
+                        lease.failed();
+                        return Err(GatewayError::UpstreamTimeout(idle));
+                    }
                 }
-            }
-            // The engine's spans go under `gateway.upstream` (or the request's own span when
-            // nothing admitted it, as in tests of this layer alone).
-            let trace = parts
-                .extensions
-                .get::<UpstreamTrace>()
-                .map(|u| u.0)
-                .or_else(|| parts.extensions.get::<RequestTrace>().map(|t| t.span));
-            if let Some(Ok(v)) = trace.map(|t| HeaderValue::from_str(&t.to_string())) {
-                h.insert("traceparent", v);
-            }
-            if let (Some(r), Some(m)) = (
-                parts.extensions.get::<RequestRecord>(),
-                json.value.get("model").and_then(|m| m.as_str()),
-            ) {
-                r.set_model(m);
-            }
-            let resp = tokio::time::timeout(idle, client.request(out))
-                .await
-                .map_err(|_| GatewayError::UpstreamTimeout(idle))?
-                .map_err(|e| upstream.connect_error(&target, &e))?;
+            };
             let (mut rparts, incoming) = resp.into_parts();
             let mut headers = HeaderMap::new();
             copy_headers(&rparts.headers, &mut headers, &[]);
@@ -127,9 +138,59 @@ impl Service<Request<Json>> for Forward {
             let body = incoming
                 .map_err(|e| -> BoxError { Box::new(e) })
                 .boxed_unsync();
-            let body = IdleBody::new(body, idle, sse).boxed_unsync();
+            let body = lease.hold(IdleBody::new(body, idle, sse).boxed_unsync());
             Ok(Response::from_parts(rparts, body))
         })
+    }
+}
+
+/// The request as it goes upstream, rebuilt for each attempt.
+struct Outgoing<'a> {
+    parts: &'a http::request::Parts,
+    body: Bytes,
+    api_key: Option<&'a str>,
+}
+
+impl Outgoing<'_> {
+    fn to(&self, target: &Target) -> Result<Request<Full<Bytes>>, GatewayError> {
+        let parts = self.parts;
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or(parts.uri.path(), |p| p.as_str());
+        let mut out = Request::builder()
+            .method(Method::POST)
+            .uri(target.uri(path)?)
+            .body(Full::new(self.body.clone()))
+            .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        copy_headers(&parts.headers, out.headers_mut(), REQUEST_ONLY);
+        let h = out.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(id) = parts.extensions.get::<RequestId>() {
+            if let Ok(v) = HeaderValue::from_str(&id.0) {
+                h.insert(REQUEST_ID_HEADER, v);
+            }
+        }
+        // The engine's spans go under `gateway.upstream` (or the request's own span when
+        // nothing admitted it, as in tests of this layer alone).
+        let trace = parts
+            .extensions
+            .get::<UpstreamTrace>()
+            .map(|u| u.0)
+            .or_else(|| parts.extensions.get::<RequestTrace>().map(|t| t.span));
+        if let Some(Ok(v)) = trace.map(|t| HeaderValue::from_str(&t.to_string())) {
+            h.insert("traceparent", v);
+        }
+        if let Some(Ok(v)) = self
+            .api_key
+            .map(|k| HeaderValue::from_str(&format!("Bearer {k}")))
+        {
+            h.insert(header::AUTHORIZATION, v);
+        }
+        Ok(out)
     }
 }
 

@@ -4,6 +4,9 @@ use std::sync::Arc;
 
 use http::Uri;
 
+use tokio::sync::watch;
+
+use super::replicas::Lease;
 use crate::bundled::{RankStatus, Supervisor};
 use crate::error::GatewayError;
 
@@ -27,6 +30,21 @@ impl Target {
 pub trait Upstream: Send + Sync + std::fmt::Debug + 'static {
     /// Where the next request goes; `engine_unavailable` when nowhere is ready.
     fn target(&self) -> Result<Target, GatewayError>;
+    /// Where the next attempt goes, avoiding the replicas in `tried` (they refused the
+    /// connection); the lease counts the request as outstanding there until it is dropped.
+    fn lease(&self, tried: &[usize]) -> Result<Lease, GatewayError> {
+        let _ = tried;
+        self.target().map(Lease::fixed)
+    }
+    /// The ceiling the upstream puts on admission (`None`: the policy's `active_max` alone),
+    /// as it changes.
+    fn capacity(&self) -> Option<watch::Receiver<Option<usize>>> {
+        None
+    }
+    /// Its own Prometheus series, appended to `/metrics`.
+    fn render_metrics(&self, out: &mut String) {
+        let _ = out;
+    }
     /// Whether requests can be served now (`/readyz`).
     fn is_ready(&self) -> bool;
     /// The engine's ranks, when the upstream is the bundled engine.

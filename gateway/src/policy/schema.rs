@@ -1,6 +1,7 @@
 //! The policy's keys. Every table and the file itself refuse unknown keys; every key has a
 //! default, so an empty file is the deployment's measured defaults (see `docs/policy.md`).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -134,6 +135,41 @@ pub struct Upstream {
     /// its body) before the request is failed with `upstream_timeout`.
     #[serde(with = "super::duration")]
     pub idle_timeout: Duration,
+    /// `openai`: a PEM CA bundle trusted for `https://` upstreams (default: the system's roots).
+    pub ca: Option<PathBuf>,
+    /// `openai`: the environment variable holding the upstream's API key (sent as
+    /// `Authorization: Bearer`); the key itself never goes in the policy file.
+    pub api_key_env: Option<String>,
+    /// Model names clients send → the names the upstream serves (others pass unchanged).
+    pub models: BTreeMap<String, String>,
+    /// `openai`: the most requests one replica holds at once; the total stays `active_max`.
+    /// Unset: only the total applies.
+    pub replica_active_max: Option<usize>,
+    /// `openai`: how often each replica's health is checked.
+    #[serde(with = "super::duration")]
+    pub health_interval: Duration,
+    /// `openai`: the path checked: `/health` on vLLM, SGLang, `llama-server` and the bundled
+    /// engine (`/healthz` for another Sluice gateway).
+    pub health_path: String,
+    /// `openai`: consecutive failures (connect errors, 5xx other than 503, failed health
+    /// checks) that take a replica out of rotation.
+    pub eject_after: u32,
+    /// `openai`: how long an ejection lasts before a health check may bring the replica back
+    /// (doubling with each ejection in a row, at most 32×).
+    #[serde(with = "super::duration")]
+    pub eject_for: Duration,
+    /// `openai`: how often each replica's Prometheus `/metrics` is read.
+    #[serde(with = "super::duration")]
+    pub metrics_interval: Duration,
+    /// `openai`: metrics older than this count as saturation.
+    #[serde(with = "super::duration")]
+    pub metrics_stale_after: Duration,
+    /// `openai`: a replica whose engine holds more than this many requests in its own queue
+    /// (`vllm:num_requests_waiting`, `sglang:num_queue_reqs`) takes no more.
+    pub engine_waiting_max: u32,
+    /// `openai`: a replica whose KV cache use (`vllm:kv_cache_usage_perc`,
+    /// `sglang:token_usage`) reaches this takes no more.
+    pub engine_kv_usage_max: f64,
 }
 
 impl Default for Upstream {
@@ -146,6 +182,18 @@ impl Default for Upstream {
             ranks: 3,
             start_timeout: Duration::from_secs(120),
             idle_timeout: Duration::from_secs(300),
+            ca: None,
+            api_key_env: None,
+            models: BTreeMap::new(),
+            replica_active_max: None,
+            health_interval: Duration::from_secs(5),
+            health_path: "/health".into(),
+            eject_after: 3,
+            eject_for: Duration::from_secs(10),
+            metrics_interval: Duration::from_secs(2),
+            metrics_stale_after: Duration::from_secs(10),
+            engine_waiting_max: 2,
+            engine_kv_usage_max: 0.95,
         }
     }
 }

@@ -238,6 +238,7 @@ fn upstream(u: &Upstream, out: &mut Problems) {
                     out.add(key, format!("{url:?} repeats upstream.urls[{first}]"));
                 }
             }
+            replicas(u, out);
         }
         UpstreamKind::Bundled => {
             if !u.urls.is_empty() {
@@ -274,6 +275,58 @@ fn upstream(u: &Upstream, out: &mut Problems) {
         out.add(
             "upstream.tokenizer",
             "must not be empty (leave it out for the bundled model's)",
+        );
+    }
+}
+
+/// The replica settings of an `openai` upstream.
+fn replicas(u: &Upstream, out: &mut Problems) {
+    if let Some(ca) = &u.ca {
+        if let Err(e) = crate::tls::root_store(ca) {
+            out.add("upstream.ca", e.to_string());
+        }
+    }
+    if let Some(var) = &u.api_key_env {
+        if var.trim().is_empty() || var.contains('=') {
+            out.add("upstream.api_key_env", "must name an environment variable");
+        }
+    }
+    for (from, to) in &u.models {
+        if from.trim().is_empty() || to.trim().is_empty() {
+            out.add("upstream.models", "model names must not be empty");
+        }
+    }
+    if let Some(n) = u.replica_active_max {
+        out.positive(
+            "upstream.replica_active_max",
+            n,
+            "leave it out for no per-replica limit",
+        );
+    }
+    if !u.health_path.starts_with('/') {
+        out.add("upstream.health_path", "must start with /");
+    }
+    let u32_positive = usize::try_from(u.eject_after).unwrap_or(usize::MAX);
+    out.positive("upstream.eject_after", u32_positive, "failures in a row");
+    for (key, value) in [
+        ("upstream.health_interval", u.health_interval),
+        ("upstream.eject_for", u.eject_for),
+        ("upstream.metrics_interval", u.metrics_interval),
+        ("upstream.metrics_stale_after", u.metrics_stale_after),
+    ] {
+        out.duration(key, value, DURATION_MAX, false);
+    }
+    if u.metrics_stale_after < u.metrics_interval {
+        out.add(
+            "upstream.metrics_stale_after",
+            "must be at least upstream.metrics_interval (else every reading is stale)",
+        );
+    }
+    let kv = u.engine_kv_usage_max;
+    if !(kv.is_finite() && kv > 0.0 && kv <= 1.0) {
+        out.add(
+            "upstream.engine_kv_usage_max",
+            format!("{kv} is outside (0, 1]"),
         );
     }
 }

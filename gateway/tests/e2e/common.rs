@@ -3,7 +3,8 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,7 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls_pki_types::ServerName;
 use serde_json::Value;
 use sluice_gateway::app::{stack, App};
-use sluice_gateway::forward::{StaticUpstream, Upstream};
+use sluice_gateway::forward::{http_client, ReplicaPool, StaticUpstream, Upstream};
 use sluice_gateway::middleware::count::GgufCounter;
 use sluice_gateway::policy::{LoadedPolicy, Policy, PolicyStore};
 use sluice_gateway::routes::Router;
@@ -53,9 +54,30 @@ pub struct Gateway {
 impl Gateway {
     /// Starts a gateway over HTTPS with `policy` in front of `upstream`.
     pub async fn start(policy: Policy, upstream: Arc<dyn Upstream>) -> Self {
+        Self::start_with(policy, |_| upstream).await
+    }
+
+    /// Starts a gateway in front of the replicas `policy.upstream.urls`, probed as in
+    /// `sluice serve`.
+    pub async fn start_replicas(policy: Policy) -> Self {
+        Self::start_with(policy, |store| {
+            let urls = store.current().policy.upstream.urls.clone();
+            let pool = ReplicaPool::new(&urls, store.clone()).expect("pool");
+            pool.spawn_probes(http_client(None).expect("client"));
+            Arc::new(pool)
+        })
+        .await
+    }
+
+    /// Starts a gateway with `policy` in front of the upstream `make` builds.
+    pub async fn start_with(
+        policy: Policy,
+        make: impl FnOnce(&Arc<PolicyStore>) -> Arc<dyn Upstream>,
+    ) -> Self {
         let mut loaded = LoadedPolicy::defaults();
         loaded.policy = policy;
         let store = PolicyStore::new(loaded);
+        let upstream = make(&store);
         let app = App::new(store, upstream, "SmolLM2-135M-Instruct.Q4_1".into());
         let router = Router {
             stack: stack(&app, counter()),
@@ -214,6 +236,10 @@ pub struct Arrival {
 pub struct ScriptedUpstream {
     pub addr: SocketAddr,
     pub arrivals: mpsc::UnboundedReceiver<Arrival>,
+    /// The status `GET /health` answers (200 to start with).
+    pub health: Arc<AtomicU16>,
+    /// What `GET /metrics` answers (`None`: 404, as from a server without metrics).
+    pub metrics: Arc<Mutex<Option<String>>>,
 }
 
 impl ScriptedUpstream {
@@ -221,16 +247,22 @@ impl ScriptedUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (tx, arrivals) = mpsc::unbounded_channel();
+        let health = Arc::new(AtomicU16::new(200));
+        let metrics: Arc<Mutex<Option<String>>> = Arc::default();
+        let (h, m) = (health.clone(), metrics.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let tx = tx.clone();
+                let (tx, h, m) = (tx.clone(), h.clone(), m.clone());
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                        let tx = tx.clone();
+                        let (tx, h, m) = (tx.clone(), h.clone(), m.clone());
                         async move {
+                            if req.method() == http::Method::GET {
+                                return Ok(probe_answer(req.uri().path(), &h, &m));
+                            }
                             let (parts, b) = req.into_parts();
                             let bytes = b.collect().await.expect("body").to_bytes();
                             let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
@@ -255,7 +287,16 @@ impl ScriptedUpstream {
                 });
             }
         });
-        Self { addr, arrivals }
+        Self {
+            addr,
+            arrivals,
+            health,
+            metrics,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
     }
 
     pub fn upstream(&self) -> Arc<dyn Upstream> {
@@ -280,9 +321,48 @@ pub fn policy(active_max: usize, queue_depth: usize) -> Policy {
     p
 }
 
+/// A tenant of the default class whose key is `key`.
+pub fn tenant(name: &str, key: &str) -> sluice_gateway::policy::Tenant {
+    use sha2::Digest;
+    sluice_gateway::policy::Tenant {
+        name: name.into(),
+        api_key_sha256: sha2::Sha256::digest(key.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+        class: Default::default(),
+        requests_per_second: None,
+        burst: 10,
+        tokens_per_minute: None,
+    }
+}
+
 /// A short streamed chat request.
 pub fn chat() -> Value {
     serde_json::json!({"messages": [{"role": "user", "content": "Hello"}], "stream": true, "max_tokens": 8})
+}
+
+/// `GET /health` and `GET /metrics` of a scripted upstream.
+fn probe_answer(
+    path: &str,
+    health: &AtomicU16,
+    metrics: &Mutex<Option<String>>,
+) -> Response<http_body_util::channel::Channel<Bytes, Infallible>> {
+    let (status, text) = match path {
+        "/health" => (health.load(Ordering::Relaxed), String::new()),
+        "/metrics" => match metrics.lock().expect("lock").clone() {
+            Some(t) => (200, t),
+            None => (404, String::new()),
+        },
+        _ => (404, String::new()),
+    };
+    let (mut tx, body) = http_body_util::channel::Channel::new(1);
+    tokio::spawn(async move {
+        let _ = tx.send_data(Bytes::from(text)).await;
+    });
+    let mut resp = Response::new(body);
+    *resp.status_mut() = StatusCode::from_u16(status).expect("status");
+    resp
 }
 
 /// Waits until `cond` holds (checked every 10 ms), at most `limit`.

@@ -5,4 +5,5 @@ mod bundled;
 mod common;
 mod otlp;
 mod reload;
+mod replicas;
 mod scripted;

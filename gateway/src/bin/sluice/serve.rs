@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use sluice_engine::trace::otlp::{self, OtlpConfig};
 use sluice_gateway::app::{stack, App};
 use sluice_gateway::bundled::{BundledConfig, Supervisor};
-use sluice_gateway::forward::{BundledUpstream, StaticUpstream, Upstream};
+use sluice_gateway::forward::{http_client, BundledUpstream, ReplicaPool, Upstream};
 use sluice_gateway::middleware::count::GgufCounter;
 use sluice_gateway::policy::reload::spawn_reloader;
 use sluice_gateway::policy::{LoadedPolicy, PolicyError, PolicyStore, UpstreamKind};
@@ -103,10 +103,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             Arc::new(BundledUpstream::new(sup)?)
         }
         UpstreamKind::Openai => {
-            let Some(url) = policy.upstream.urls.first() else {
+            if policy.upstream.urls.is_empty() {
                 bail!("upstream.kind = \"openai\" needs at least one URL in upstream.urls");
-            };
-            Arc::new(StaticUpstream::new(url)?)
+            }
+            let pool = ReplicaPool::new(&policy.upstream.urls, store.clone())?;
+            pool.spawn_probes(http_client(policy.upstream.ca.as_deref())?);
+            tracing::info!(replicas = ?policy.upstream.urls, "fronting OpenAI-compatible replicas");
+            Arc::new(pool)
         }
     };
     let model_name = policy

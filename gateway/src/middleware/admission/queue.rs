@@ -72,6 +72,8 @@ pub struct Admission {
 #[derive(Debug)]
 struct State {
     limits: Limits,
+    /// The upstream's own ceiling (replicas up and not saturated), below `active_max`.
+    capacity: Option<usize>,
     active: usize,
     heavy_active: usize,
     waiters: VecDeque<Waiter>,
@@ -136,6 +138,7 @@ impl Admission {
         Arc::new(Self {
             state: Mutex::new(State {
                 limits,
+                capacity: None,
                 active: 0,
                 heavy_active: 0,
                 waiters: VecDeque::new(),
@@ -178,11 +181,20 @@ impl Admission {
         st.wake_ready();
     }
 
+    /// The upstream's ceiling: at most `capacity` slots even if `active_max` allows more
+    /// (`None`: `active_max` alone). Lowering it never touches running requests.
+    pub fn set_capacity(self: &Arc<Self>, capacity: Option<usize>) {
+        let mut st = self.lock();
+        st.capacity = capacity;
+        st.dispatch(self);
+        st.wake_ready();
+    }
+
     /// Whether an arrival could be queued or granted now (`poll_ready`'s answer): a free
     /// slot, a free queue place, or a batch waiter an interactive arrival may evict.
     pub fn accepting(&self, waker: &std::task::Waker) -> bool {
         let mut st = self.lock();
-        let ok = st.active < st.limits.active_max
+        let ok = st.active < st.active_max()
             || st.waiters.len() < st.limits.queue_depth
             || st.waiters.iter().any(|w| w.class == Class::Batch);
         if !ok && !st.ready_wakers.iter().any(|w| w.will_wake(waker)) {
@@ -262,15 +274,21 @@ impl Admission {
             heavy_active: st.heavy_active,
             queued_interactive: st.waiters.len() - batch,
             queued_batch: batch,
-            active_max: st.limits.active_max,
+            active_max: st.active_max(),
             queue_depth: st.limits.queue_depth,
         }
     }
 }
 
 impl State {
+    /// The ceiling in force: the policy's, lowered by the upstream's capacity.
+    fn active_max(&self) -> usize {
+        self.capacity
+            .map_or(self.limits.active_max, |c| c.min(self.limits.active_max))
+    }
+
     fn can_run(&self, class: Class, heavy: bool) -> bool {
-        let max = self.limits.active_max;
+        let max = self.active_max();
         let slot = match class {
             Class::Interactive => self.active < max,
             Class::Batch if max == 1 => {
