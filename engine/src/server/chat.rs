@@ -17,7 +17,7 @@ pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, 
     let req = chat_request::parse(&parse::json(&call.body)?)?;
     let engine = &state.engine;
     let use_tools = tools::enabled(&req);
-    let ids = prompt::chat_ids(&req, engine.tokenizer(), engine.chat_template())?;
+    let ids = prompt::chat_ids(&req, engine.tokenizer().as_ref(), engine.chat_template())?;
     let gen = build_request(
         engine.context_window(),
         ids,

@@ -13,7 +13,7 @@ use super::{parse, prompt, Call, State};
 pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, ApiError> {
     let req = parse::completion_request(&parse::json(&call.body)?)?;
     let engine = &state.engine;
-    let ids = prompt::completion_ids(req.prompt, engine.tokenizer())?;
+    let ids = prompt::completion_ids(req.prompt, engine.tokenizer().as_ref())?;
     let gen = build_request(
         engine.context_window(),
         ids,

@@ -10,7 +10,7 @@ use super::error::ApiError;
 use super::types::{ChatRequest, Prompt};
 use super::{chat_request, parse, tools};
 use crate::model::chat::ChatTemplate;
-use crate::model::tokenizer::Tokenizer;
+use crate::model::tokenizer::Encode;
 
 /// The generation endpoints whose prompt can be counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +69,7 @@ impl From<ApiError> for PromptError {
 pub fn prompt_ids(
     endpoint: Endpoint,
     body: &Value,
-    tokenizer: &Tokenizer,
+    tokenizer: &dyn Encode,
     template: &ChatTemplate,
 ) -> Result<Vec<u32>, PromptError> {
     let ids = match endpoint {
@@ -88,7 +88,7 @@ pub fn prompt_ids(
 /// A chat request's prompt: its messages (tools rendered in) through the chat template.
 pub(crate) fn chat_ids(
     req: &ChatRequest,
-    tokenizer: &Tokenizer,
+    tokenizer: &dyn Encode,
     template: &ChatTemplate,
 ) -> Result<Vec<u32>, ApiError> {
     let messages = tools::render_messages(req);
@@ -102,7 +102,7 @@ pub(crate) fn chat_ids(
 }
 
 /// A completion request's prompt.
-pub(crate) fn completion_ids(prompt: Prompt, tokenizer: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn completion_ids(prompt: Prompt, tokenizer: &dyn Encode) -> Result<Vec<u32>, ApiError> {
     match prompt {
         // Special-token text in a user's prompt is plain text.
         Prompt::Text(text) => {
@@ -126,7 +126,7 @@ pub(crate) fn completion_ids(prompt: Prompt, tokenizer: &Tokenizer) -> Result<Ve
 }
 
 /// `ids` with the tokenizer's BOS in front, when the model wants one and it is not there.
-fn with_bos(tokenizer: &Tokenizer, mut ids: Vec<u32>) -> Vec<u32> {
+fn with_bos(tokenizer: &dyn Encode, mut ids: Vec<u32>) -> Vec<u32> {
     if let Some(bos) = tokenizer.bos_id().filter(|_| tokenizer.add_bos()) {
         if ids.first() != Some(&bos) {
             ids.insert(0, bos);

@@ -10,7 +10,8 @@ use std::task::{Context, Poll};
 use http::Request;
 use sluice_engine::model::chat::ChatTemplate;
 use sluice_engine::model::gguf::GgufFile;
-use sluice_engine::model::tokenizer::Tokenizer;
+use sluice_engine::model::tokenizer::hf::HfTokenizer;
+use sluice_engine::model::tokenizer::{Encode, Tokenizer};
 use sluice_engine::server::prompt::{prompt_ids, Endpoint};
 use tower::{Layer, Service, ServiceExt};
 
@@ -34,27 +35,39 @@ pub trait TokenCounter: Send + Sync + 'static {
     fn count(&self, endpoint: Endpoint, body: &serde_json::Value) -> Result<usize, GatewayError>;
 }
 
-/// Counts with a GGUF model's tokenizer and chat template.
+/// Counts with a model's own tokenizer and chat template: a GGUF's, or a Hugging Face
+/// `tokenizer.json` with its `tokenizer_config.json` (the files vLLM and SGLang load).
 #[derive(Debug)]
-pub struct GgufCounter {
-    tokenizer: Tokenizer,
+pub struct PromptCounter {
+    tokenizer: Box<dyn Encode>,
     template: ChatTemplate,
 }
 
-impl GgufCounter {
-    /// Reads the tokenizer and chat template of the GGUF at `path` (the weights stay unread).
+impl PromptCounter {
+    /// Reads the tokenizer and chat template at `path`: a `.gguf` (the weights stay unread),
+    /// or a `tokenizer.json` or a directory holding one.
     pub fn open(path: &std::path::Path) -> Result<Self, sluice_engine::Error> {
+        let is_gguf = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+        if !is_gguf && (path.is_dir() || path.extension().is_some_and(|e| e == "json")) {
+            let (tokenizer, template) = HfTokenizer::open(path)?;
+            return Ok(Self {
+                tokenizer: Box::new(tokenizer),
+                template,
+            });
+        }
         let gguf = GgufFile::open(path)?;
         Ok(Self {
-            tokenizer: Tokenizer::from_gguf(&gguf)?,
+            tokenizer: Box::new(Tokenizer::from_gguf(&gguf)?),
             template: ChatTemplate::from_gguf(&gguf)?,
         })
     }
 }
 
-impl TokenCounter for GgufCounter {
+impl TokenCounter for PromptCounter {
     fn count(&self, endpoint: Endpoint, body: &serde_json::Value) -> Result<usize, GatewayError> {
-        Ok(prompt_ids(endpoint, body, &self.tokenizer, &self.template)?.len())
+        Ok(prompt_ids(endpoint, body, self.tokenizer.as_ref(), &self.template)?.len())
     }
 }
 

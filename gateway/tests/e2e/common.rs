@@ -16,7 +16,7 @@ use rustls_pki_types::ServerName;
 use serde_json::Value;
 use sluice_gateway::app::{stack, App};
 use sluice_gateway::forward::{http_client, ReplicaPool, StaticUpstream, Upstream};
-use sluice_gateway::middleware::count::GgufCounter;
+use sluice_gateway::middleware::count::PromptCounter;
 use sluice_gateway::policy::{LoadedPolicy, Policy, PolicyStore};
 use sluice_gateway::routes::Router;
 use sluice_gateway::{server, tls};
@@ -34,11 +34,13 @@ pub fn certs() -> &'static tls::DevCerts {
 }
 
 /// The real model's tokenizer, read once.
-pub fn counter() -> Arc<GgufCounter> {
-    static COUNTER: OnceLock<Arc<GgufCounter>> = OnceLock::new();
+pub fn counter() -> Arc<PromptCounter> {
+    static COUNTER: OnceLock<Arc<PromptCounter>> = OnceLock::new();
     COUNTER
         .get_or_init(|| {
-            Arc::new(GgufCounter::open(&sluice_engine::model::default_model_path()).expect("model"))
+            Arc::new(
+                PromptCounter::open(&sluice_engine::model::default_model_path()).expect("model"),
+            )
         })
         .clone()
 }

@@ -4,6 +4,7 @@
 mod bundled;
 mod common;
 mod otlp;
+mod peer;
 mod reload;
 mod replicas;
 mod scripted;

@@ -12,6 +12,7 @@
 //!   model wants one (SmolLM2 does not).
 
 mod byte_level;
+pub mod hf;
 #[cfg(test)]
 pub(crate) mod test_support;
 #[cfg(test)]
@@ -353,5 +354,36 @@ impl Tokenizer {
     /// The Hugging Face tokenizer inside (special tokens parsed), e.g. to count tokens.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
+    }
+}
+
+/// What building a prompt needs from a tokenizer: the GGUF's ([`Tokenizer`]) or a Hugging Face
+/// `tokenizer.json`'s ([`hf::HfTokenizer`], for counting in front of another server).
+pub trait Encode: Send + Sync + std::fmt::Debug {
+    /// The ids of `text`; with `parse_special`, special-token text becomes that token. Never
+    /// adds BOS.
+    fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>>;
+    /// Ids are `0..vocab_size()`.
+    fn vocab_size(&self) -> usize;
+    fn bos_id(&self) -> Option<u32>;
+    /// Whether a prompt starts with BOS.
+    fn add_bos(&self) -> bool;
+}
+
+impl Encode for Tokenizer {
+    fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
+        Tokenizer::encode(self, text, parse_special)
+    }
+
+    fn vocab_size(&self) -> usize {
+        Tokenizer::vocab_size(self)
+    }
+
+    fn bos_id(&self) -> Option<u32> {
+        Tokenizer::bos_id(self)
+    }
+
+    fn add_bos(&self) -> bool {
+        Tokenizer::add_bos(self)
     }
 }

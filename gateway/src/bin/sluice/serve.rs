@@ -9,7 +9,7 @@ use sluice_engine::trace::otlp::{self, OtlpConfig};
 use sluice_gateway::app::{stack, App};
 use sluice_gateway::bundled::{BundledConfig, Supervisor};
 use sluice_gateway::forward::{http_client, BundledUpstream, ReplicaPool, Upstream};
-use sluice_gateway::middleware::count::GgufCounter;
+use sluice_gateway::middleware::count::PromptCounter;
 use sluice_gateway::policy::reload::spawn_reloader;
 use sluice_gateway::policy::{LoadedPolicy, PolicyError, PolicyStore, UpstreamKind};
 use sluice_gateway::routes::Router;
@@ -74,7 +74,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .tokenizer
         .clone()
         .unwrap_or_else(|| model.clone());
-    let counter = GgufCounter::open(&counting)
+    let counter = PromptCounter::open(&counting)
         .with_context(|| format!("reading the tokenizer from {}", counting.display()))?;
 
     // Traces: the standard OTEL_* variables, else the policy's [traces]; none: no export.

@@ -7,10 +7,10 @@ use sluice_engine::model::default_model_path;
 
 use super::*;
 
-fn counter() -> Arc<GgufCounter> {
-    static COUNTER: OnceLock<Arc<GgufCounter>> = OnceLock::new();
+fn counter() -> Arc<PromptCounter> {
+    static COUNTER: OnceLock<Arc<PromptCounter>> = OnceLock::new();
     COUNTER
-        .get_or_init(|| Arc::new(GgufCounter::open(&default_model_path()).expect("the model")))
+        .get_or_init(|| Arc::new(PromptCounter::open(&default_model_path()).expect("the model")))
         .clone()
 }
 
@@ -123,4 +123,59 @@ async fn large_bodies_count_off_the_io_threads_with_the_same_result() {
     let (n, back) = count(c, json.clone()).await.expect("count");
     assert_eq!(n, direct);
     assert_eq!(back, json);
+}
+
+/// A Hugging Face `tokenizer.json` and `tokenizer_config.json` holding the bundled model's
+/// tokenizer and template (written from its GGUF) count every request as the GGUF does.
+#[test]
+fn a_tokenizer_json_counts_as_the_gguf_does() {
+    use sluice_engine::model::gguf::GgufFile;
+    let gguf = GgufFile::open(&default_model_path()).expect("the model");
+    let tokenizer = Tokenizer::from_gguf(&gguf).expect("tokenizer");
+    let template = ChatTemplate::from_gguf(&gguf).expect("template");
+    let dir = std::env::temp_dir().join(format!("sluice-hf-tokenizer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    tokenizer
+        .inner()
+        .save(dir.join("tokenizer.json"), false)
+        .expect("tokenizer.json");
+    let config = json!({
+        "chat_template": template.source(),
+        "bos_token": template.bos_token(),
+        "eos_token": {"content": template.eos_token(), "special": true},
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("config");
+    let (gguf_counter, hf_counter) = (counter(), PromptCounter::open(&dir).expect("hf"));
+    let requests = [
+        (
+            Endpoint::ChatCompletions,
+            json!({"messages": [{"role": "user", "content": "Hello"}]}),
+        ),
+        (
+            Endpoint::ChatCompletions,
+            json!({"messages": [{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Say <|im_end|> as text, café ünïcode 12345."}],
+                   "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
+        ),
+        (
+            Endpoint::Completions,
+            json!({"prompt": "The capital of France is <|im_start|>"}),
+        ),
+        (Endpoint::Completions, json!({"prompt": [1, 2, 3]})),
+    ];
+    for (endpoint, body) in &requests {
+        assert_eq!(
+            hf_counter.count(*endpoint, body).expect("hf count"),
+            gguf_counter.count(*endpoint, body).expect("gguf count"),
+            "{body}"
+        );
+    }
+    let file = PromptCounter::open(&dir.join("tokenizer.json")).expect("the file itself");
+    assert_eq!(
+        file.count(requests[0].0, &requests[0].1).expect("count"),
+        gguf_counter
+            .count(requests[0].0, &requests[0].1)
+            .expect("count")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
