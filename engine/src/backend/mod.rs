@@ -65,6 +65,11 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     fn alloc_kv(&self, spec: KvSpec) -> Result<Self::Kv>;
     fn upload(&self, data: &[f32], dst: &mut Self::Buf);
     fn download(&self, src: &Self::Buf, len: usize) -> Vec<f32>;
+    /// The first `len` values of a buffer that is no longer needed on the device (the CPU's
+    /// is the host's already: no copy).
+    fn download_owned(&self, src: Self::Buf, len: usize) -> Vec<f32> {
+        self.download(&src, len)
+    }
 
     /// `out[i] = table[ids[i]]` (rows of width `table`'s columns).
     fn embed(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Buf) -> Result<()>;

@@ -114,6 +114,11 @@ impl Backend for CpuBackend {
         src[..len].to_vec()
     }
 
+    fn download_owned(&self, mut src: Vec<f32>, len: usize) -> Vec<f32> {
+        src.truncate(len);
+        src
+    }
+
     fn embed(&self, table: &CpuWeight, ids: &[u32], out: &mut Vec<f32>) -> Result<()> {
         let m = table.matrix();
         for (i, &id) in ids.iter().enumerate() {

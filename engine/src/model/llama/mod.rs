@@ -301,7 +301,7 @@ impl<B: Backend> Llama<B> {
         be.rms_norm(&picked, &head.norm, self.cfg.rms_eps, n, &mut normed);
         let mut logits = be.alloc(n * self.cfg.vocab_size);
         be.matmul(&[&head.output], &normed, n, &mut [&mut logits]);
-        Ok(be.download(&logits, n * self.cfg.vocab_size))
+        Ok(be.download_owned(logits, n * self.cfg.vocab_size))
     }
 
     /// The whole model in one call: embeddings, blocks and head, for a model holding all parts.
