@@ -2,9 +2,7 @@
 
 use super::body::Body;
 use super::error::ApiError;
-use super::generation::{
-    build_request, collect, new_id, to_json, unix_now, ChunkFormatter, Finish, SseStream, Tracker,
-};
+use super::generation::{to_json, ChunkFormatter, Finish, Submitted};
 use super::types::{
     AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChunkChoice, Delta, ResponseMeta,
     ToolCall, ToolCallDelta,
@@ -18,33 +16,15 @@ pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, 
     let engine = &state.engine;
     let use_tools = tools::enabled(&req);
     let ids = prompt::chat_ids(&req, engine.tokenizer().as_ref(), engine.chat_template())?;
-    let gen = build_request(
-        engine.context_window(),
-        ids,
-        &req.sampling,
-        call.trace,
-        "messages",
-    )?;
-    let rx = engine.submit(gen)?;
-    let meta = ResponseMeta {
-        id: new_id("chatcmpl-"),
-        created: unix_now(),
-        model: engine.model_id().to_owned(),
-    };
-    let tracker = Tracker::new(call.start, state.http.clone());
+    let sub = Submitted::start(state, &call, ids, &req.sampling, "messages", "chatcmpl-")?;
     if req.sampling.stream {
-        let fmt = ChatStream {
+        return Ok(sub.stream(|meta| ChatStream {
             meta,
             splitter: use_tools.then(tools::StreamSplitter::default),
             include_usage: req.sampling.include_usage,
-        };
-        return Ok(super::sse_response(SseStream::new(
-            rx,
-            Box::new(fmt),
-            tracker,
-        )));
+        }));
     }
-    let done = collect(rx, tracker).await?;
+    let (meta, done) = sub.collect().await?;
     let reason = done.reason;
     let parsed = use_tools.then(|| tools::parse_output(&done.text));
     let (content, tool_calls) = match parsed {

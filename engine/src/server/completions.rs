@@ -4,9 +4,7 @@ use http::{Response, StatusCode};
 
 use super::body::Body;
 use super::error::ApiError;
-use super::generation::{
-    build_request, collect, new_id, to_json, unix_now, ChunkFormatter, Finish, SseStream, Tracker,
-};
+use super::generation::{to_json, ChunkFormatter, Finish, Submitted};
 use super::types::{Completion, CompletionChoice, ResponseMeta};
 use super::{parse, prompt, Call, State};
 
@@ -14,32 +12,14 @@ pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, 
     let req = parse::completion_request(&parse::json(&call.body)?)?;
     let engine = &state.engine;
     let ids = prompt::completion_ids(req.prompt, engine.tokenizer().as_ref())?;
-    let gen = build_request(
-        engine.context_window(),
-        ids,
-        &req.sampling,
-        call.trace,
-        "prompt",
-    )?;
-    let rx = engine.submit(gen)?;
-    let meta = ResponseMeta {
-        id: new_id("cmpl-"),
-        created: unix_now(),
-        model: engine.model_id().to_owned(),
-    };
-    let tracker = Tracker::new(call.start, state.http.clone());
+    let sub = Submitted::start(state, &call, ids, &req.sampling, "prompt", "cmpl-")?;
     if req.sampling.stream {
-        let fmt = CompletionStream {
+        return Ok(sub.stream(|meta| CompletionStream {
             meta,
             include_usage: req.sampling.include_usage,
-        };
-        return Ok(super::sse_response(SseStream::new(
-            rx,
-            Box::new(fmt),
-            tracker,
-        )));
+        }));
     }
-    let done = collect(rx, tracker).await?;
+    let (meta, done) = sub.collect().await?;
     let choice = CompletionChoice {
         index: 0,
         text: done.text,

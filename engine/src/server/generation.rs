@@ -13,7 +13,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::error::ApiError;
 use super::metrics::HttpMetrics;
-use super::types::{Sampling, Usage};
+use super::types::{ResponseMeta, Sampling, Usage};
+use super::{Call, State};
 use crate::api::{GenerationEvent, GenerationRequest};
 use crate::generate::FinishReason;
 use crate::trace::TraceContext;
@@ -39,8 +40,66 @@ pub(crate) fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// A generation submitted for one API request: its events, the response's identity, and the
+/// tracker that records its latencies. Both endpoints start here and finish through
+/// [`Submitted::stream`] or [`Submitted::collect`].
+pub(crate) struct Submitted {
+    rx: UnboundedReceiver<GenerationEvent>,
+    meta: ResponseMeta,
+    tracker: Tracker,
+}
+
+impl Submitted {
+    /// Builds the engine request for `ids` (`prompt_param` names the prompt's field in
+    /// errors), submits it, and names the response `{id_prefix}…`.
+    pub(crate) fn start(
+        state: &State,
+        call: &Call,
+        ids: Vec<u32>,
+        sampling: &Sampling,
+        prompt_param: &str,
+        id_prefix: &str,
+    ) -> Result<Self, ApiError> {
+        let engine = &state.engine;
+        let gen = build_request(
+            engine.context_window(),
+            ids,
+            sampling,
+            call.trace,
+            prompt_param,
+        )?;
+        let rx = engine.submit(gen)?;
+        Ok(Self {
+            rx,
+            meta: ResponseMeta {
+                id: new_id(id_prefix),
+                created: unix_now(),
+                model: engine.model_id().to_owned(),
+            },
+            tracker: Tracker::new(call.start, state.http.clone()),
+        })
+    }
+
+    /// The server-sent-event response, its chunks made by the formatter `fmt` builds.
+    pub(crate) fn stream<F: ChunkFormatter + 'static>(
+        self,
+        fmt: impl FnOnce(ResponseMeta) -> F,
+    ) -> http::Response<super::body::Body> {
+        super::sse_response(SseStream::new(
+            self.rx,
+            Box::new(fmt(self.meta)),
+            self.tracker,
+        ))
+    }
+
+    /// Waits for the whole generation.
+    pub(crate) async fn collect(self) -> Result<(ResponseMeta, Finish), ApiError> {
+        Ok((self.meta, collect(self.rx, self.tracker).await?))
+    }
+}
+
 /// The engine request for `prompt`; `prompt_param` names the field in errors.
-pub(crate) fn build_request(
+fn build_request(
     context_window: usize,
     prompt: Vec<u32>,
     s: &Sampling,
@@ -131,7 +190,7 @@ fn ended_early() -> ApiError {
 }
 
 /// Waits for the whole generation.
-pub(crate) async fn collect(
+async fn collect(
     mut rx: UnboundedReceiver<GenerationEvent>,
     mut tracker: Tracker,
 ) -> Result<Finish, ApiError> {
