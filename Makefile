@@ -2,7 +2,7 @@
 CARGO ?= cargo
 THREADS ?= 2
 
-.PHONY: run engine chat test fetch-model build lint bench
+.PHONY: run engine chat test fetch-model build lint bench deny fuzz
 fetch-model:
 	./scripts/fetch-model.sh
 
@@ -34,3 +34,15 @@ lint:
 
 bench: fetch-model build
 	./target/release/sluice-engine bench --threads $(THREADS)
+
+## The dependency policy (deny.toml): licenses, bans, sources. `cargo deny check` adds the
+## advisories, where the RustSec database (on GitHub) can be fetched.
+deny:
+	$(CARGO) deny check licenses bans sources
+
+## A fuzz target for a while (docs/reliability.md): make fuzz TARGET=request SECS=300
+## (targets: request, policy, gguf, frame). Needs cargo-fuzz; stable Rust via RUSTC_BOOTSTRAP.
+TARGET ?= request
+SECS ?= 60
+fuzz: fetch-model
+	cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $(TARGET) -- -max_total_time=$(SECS)

@@ -13,14 +13,22 @@ pub use hyper_util::server::graceful::Watcher;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
+/// The most an HTTP/1.1 request's head (request line and headers) may take; past it the
+/// client gets 431. HTTP/2 has its own bound, hyper's 16 KiB header list.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
+
 /// An HTTP/1.1 + HTTP/2 connection builder; `header_read_timeout` bounds how long a client may
 /// take to send a request's headers (and the keep-alive idle time of HTTP/1 connections).
+/// Heads are bounded by [`MAX_HEAD_BYTES`] (hyper's default, 400 KiB, lets each slow
+/// connection pin that much); HTTP/2 keeps hyper's limits of 200 concurrent streams per
+/// connection and reset-flood protection.
 pub fn connection_builder(header_read_timeout: Duration) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
+        .header_read_timeout(header_read_timeout)
+        .max_buf_size(MAX_HEAD_BYTES);
     builder.http2().timer(TokioTimer::new());
     builder
 }

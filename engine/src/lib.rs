@@ -11,6 +11,7 @@ pub mod backend;
 pub mod bench;
 pub mod dtype;
 pub mod error;
+pub mod fuzzing;
 pub mod generate;
 pub mod http;
 pub mod kv;

@@ -15,6 +15,7 @@ pub mod body;
 pub mod bundled;
 pub mod error;
 pub mod forward;
+pub mod fuzzing;
 pub mod middleware;
 pub mod policy;
 pub mod routes;

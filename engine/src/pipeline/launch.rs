@@ -4,6 +4,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 
@@ -15,7 +16,7 @@ pub const SECRET_ENV: &str = "SLUICE_CLUSTER_SECRET";
 /// Running child ranks; dropping this kills them.
 #[derive(Debug)]
 pub struct ChildRanks {
-    children: Vec<(usize, Child)>,
+    children: Arc<Mutex<Vec<(usize, Child)>>>,
     addrs: Vec<String>,
 }
 
@@ -24,11 +25,39 @@ impl ChildRanks {
     pub fn addrs(&self) -> &[String] {
         &self.addrs
     }
+
+    /// Stops this process when a child rank exits (killed, crashed): a pipeline missing a rank
+    /// serves nothing, and whoever supervises rank 0 restarts the pipeline whole at once
+    /// rather than after its unhealthy timeout. The streams in flight get half a second to
+    /// end with their error events first.
+    pub fn stop_when_a_rank_exits(&self) {
+        let children = Arc::downgrade(&self.children);
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let Some(children) = children.upgrade() else {
+                return;
+            };
+            let mut children = children.lock().unwrap_or_else(|e| e.into_inner());
+            let exited = children
+                .iter_mut()
+                .find_map(|(k, c)| Some((*k, c.try_wait().ok()??)));
+            if let Some((k, status)) = exited {
+                drop(children);
+                std::thread::sleep(Duration::from_millis(500));
+                stop(&format!(
+                    "rank {k} exited ({status}); stopping so that the pipeline restarts whole"
+                ));
+            }
+        });
+    }
 }
 
 impl Drop for ChildRanks {
     fn drop(&mut self) {
-        for (_, c) in &mut self.children {
+        // Taken out first: the watcher must not mistake these exits for a failure.
+        let children =
+            std::mem::take(&mut *self.children.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, mut c) in children {
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -44,8 +73,9 @@ pub fn spawn_ranks(
     args: &[String],
     secret: &str,
 ) -> Result<ChildRanks> {
+    // Built first, so that ranks already started are killed if a later one fails.
     let mut ranks = ChildRanks {
-        children: Vec::new(),
+        children: Arc::new(Mutex::new(Vec::new())),
         addrs: Vec::new(),
     };
     for k in 1..n_ranks {
@@ -99,7 +129,11 @@ pub fn spawn_ranks(
         match addr {
             Some(a) => {
                 ranks.addrs.push(a);
-                ranks.children.push((k, child));
+                ranks
+                    .children
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((k, child));
             }
             None => {
                 let status = child.wait().map(|s| s.to_string()).unwrap_or_default();

@@ -1,7 +1,8 @@
 //! The upstream's idle timeout: a body that fails when the upstream sends nothing for too long,
 //! so a stalled engine cannot hold a slot forever. A stream (`text/event-stream`) ends the way
 //! the engine ends a failed stream — an error event, then `data: [DONE]` — so the client never
-//! mistakes the cut for a normal end; any other body fails.
+//! mistakes the cut for a normal end; any other body fails. A stream the upstream broke off
+//! (a rank died, the connection dropped) ends the same way, with `upstream_error`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -48,6 +49,12 @@ impl IdleBody {
     fn error(&self) -> GatewayError {
         GatewayError::UpstreamTimeout(self.idle)
     }
+
+    /// The error event that ends a stream; `[DONE]` follows.
+    fn event(&mut self, err: &GatewayError) -> Frame<Bytes> {
+        self.state = State::EventSent;
+        Frame::data(Bytes::from(format!("data: {}\n\n", err.to_json())))
+    }
 }
 
 impl Body for IdleBody {
@@ -71,8 +78,15 @@ impl Body for IdleBody {
         if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
             let deadline = Instant::now() + self.idle;
             self.sleep.as_mut().reset(deadline);
-            if frame.is_none() {
-                self.state = State::Done;
+            match &frame {
+                // A stream that broke off (the engine died, the connection was cut) ends
+                // with an error event too, never with a bare cut.
+                Some(Err(e)) if self.sse => {
+                    let err = GatewayError::Upstream(format!("the stream broke off: {e}"));
+                    return Poll::Ready(Some(Ok(self.event(&err))));
+                }
+                None => self.state = State::Done,
+                Some(_) => {}
             }
             return Poll::Ready(frame);
         }
@@ -81,9 +95,7 @@ impl Body for IdleBody {
         }
         let err = self.error();
         if self.sse {
-            self.state = State::EventSent;
-            let event = format!("data: {}\n\n", err.to_json());
-            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))));
+            return Poll::Ready(Some(Ok(self.event(&err))));
         }
         self.state = State::Done;
         Poll::Ready(Some(Err(Box::new(err))))
@@ -131,6 +143,29 @@ mod tests {
         assert_eq!(done.into_data().expect("data"), "data: [DONE]\n\n");
         assert!(body.frame().await.is_none());
         drop(tx);
+    }
+
+    #[tokio::test]
+    async fn a_stream_broken_off_ends_with_an_error_event_and_done() {
+        let (mut tx, inner) = stalled();
+        let mut body = IdleBody::new(inner, Duration::from_secs(300), true);
+        tx.send_data(Bytes::from_static(b"data: {}\n\n"))
+            .await
+            .expect("send");
+        body.frame().await.expect("frame").expect("ok");
+        tx.abort(Box::new(std::io::Error::other("connection reset")));
+        let event = body
+            .frame()
+            .await
+            .expect("frame")
+            .expect("an event, not an error");
+        let text = String::from_utf8(event.into_data().expect("data").to_vec()).expect("utf8");
+        assert!(
+            text.contains("upstream_error") && text.contains("broke off"),
+            "{text}"
+        );
+        let done = body.frame().await.expect("frame").expect("ok");
+        assert_eq!(done.into_data().expect("data"), "data: [DONE]\n\n");
     }
 
     #[tokio::test(start_paused = true)]

@@ -107,7 +107,7 @@ impl Service<Request<Json>> for Forward {
                     }
                     Ok(Err(e)) => {
                         lease.failed();
-                        let err = upstream.connect_error(&lease.target, &e);
+                        let err = request_error(&*upstream, &lease.target, &e);
                         match lease.replica() {
                             Some(i) if e.is_connect() => {
                                 tracing::warn!(replica = %lease.target.base, error = %e, "connect failed; trying another replica");
@@ -192,6 +192,25 @@ impl Outgoing<'_> {
         }
         Ok(out)
     }
+}
+
+/// A request that failed: an upstream it could not reach gets its connect error (503 for the
+/// engine); one that answered something that is not HTTP, or hung up, a 502.
+fn request_error(
+    upstream: &dyn Upstream,
+    target: &Target,
+    e: &hyper_util::client::legacy::Error,
+) -> GatewayError {
+    if e.is_connect() {
+        return upstream.connect_error(target, e);
+    }
+    let mut why = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        why = format!("{why}: {s}");
+        source = s.source();
+    }
+    GatewayError::Upstream(format!("{} gave no valid HTTP answer ({why})", target.base))
 }
 
 /// Headers that never cross a proxy (RFC 9110 §7.6.1), plus the length the body sets.

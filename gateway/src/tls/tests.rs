@@ -404,3 +404,17 @@ fn civil_from_days_known_dates() {
     assert_eq!(civil_from_days(11_016), (2000, 2, 29));
     assert_eq!(civil_from_days(20_000), (2024, 10, 4));
 }
+
+#[test]
+fn only_modern_cipher_suites_are_offered() {
+    // TLS 1.3's AEAD suites, and for TLS 1.2 only ECDHE key exchange with AES-GCM or
+    // ChaCha20-Poly1305: no RSA key exchange, no CBC, no SHA-1 MACs.
+    let suites = super::provider().cipher_suites.clone();
+    assert!(!suites.is_empty());
+    for s in suites {
+        let name = format!("{:?}", s.suite());
+        let aead = name.contains("_GCM_") || name.contains("CHACHA20_POLY1305");
+        let modern = name.starts_with("TLS13_") || name.starts_with("TLS_ECDHE_");
+        assert!(aead && modern, "{name}");
+    }
+}

@@ -55,6 +55,7 @@ fn prompt_tokens(headers: &http::HeaderMap) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_fronts_the_real_bundled_engine() {
+    let _engine = crate::engine::exclusive().await;
     let bin = BundledConfig::locate_engine_bin().unwrap_or_else(|e| panic!("{e}"));
     let mut cfg = BundledConfig::new(bin, sluice_engine::model::default_model_path());
     cfg.ranks = 3;

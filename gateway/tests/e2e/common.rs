@@ -172,6 +172,29 @@ impl Client {
 
     /// Sends a request; the response body is left to the caller (it may stream).
     pub async fn send(&self, method: &str, path: &str, body: Option<&Value>) -> Response<Incoming> {
+        let mut headers: Vec<(&str, &[u8])> = self
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_bytes()))
+            .collect();
+        if body.is_some() {
+            headers.push(("content-type", b"application/json"));
+        }
+        let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+        self.raw(method, path, &headers, bytes)
+            .await
+            .expect("response")
+    }
+
+    /// Sends any bytes as the body with exactly `headers` (values may be any header bytes);
+    /// the protocol's error when the server refuses the request itself.
+    pub async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &[u8])],
+        body: Bytes,
+    ) -> Result<Response<Incoming>, hyper::Error> {
         let tcp = TcpStream::connect(self.addr).await.expect("connect");
         let name = ServerName::try_from("localhost").expect("name");
         let tls = self.connector.connect(name, tcp).await.expect("handshake");
@@ -179,27 +202,23 @@ impl Client {
         let mut req = Request::builder()
             .method(method)
             .uri(format!("https://localhost:{}{path}", self.addr.port()));
-        for (k, v) in &self.headers {
-            req = req.header(k, v);
+        for (k, v) in headers {
+            req = req.header(*k, http::HeaderValue::from_bytes(v).expect("header value"));
         }
-        let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
-        if body.is_some() {
-            req = req.header("content-type", "application/json");
-        }
-        let req = req.body(Full::new(bytes)).expect("request");
+        let req = req.body(Full::new(body)).expect("request");
         let io = TokioIo::new(tls);
         if h2 {
             let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
                 .await
                 .expect("h2 handshake");
             tokio::spawn(conn);
-            send.send_request(req).await.expect("response")
+            send.send_request(req).await
         } else {
             let (mut send, conn) = hyper::client::conn::http1::handshake(io)
                 .await
                 .expect("h1 handshake");
             tokio::spawn(conn);
-            send.send_request(req).await.expect("response")
+            send.send_request(req).await
         }
     }
 
@@ -377,4 +396,35 @@ pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     cond()
+}
+
+/// The lowercase hex SHA-256 of `s`, as the policy stores keys.
+pub fn sha256_hex(s: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// One HTTP/2 connection over TLS to `addr` (`TCP_NODELAY`: without it, Nagle's algorithm and
+/// delayed ACKs add up to 40 ms to a request sent while another is in flight on it).
+pub async fn h2_connection(
+    addr: SocketAddr,
+) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    let mut cfg = (*tls::client_config(&certs().ca_cert).expect("client config")).clone();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    tcp.set_nodelay(true).expect("nodelay");
+    let name = ServerName::try_from("localhost").expect("name");
+    let tls = TlsConnector::from(Arc::new(cfg))
+        .connect(name, tcp)
+        .await
+        .expect("handshake");
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    send
 }

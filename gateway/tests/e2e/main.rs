@@ -3,8 +3,13 @@
 
 mod bundled;
 mod common;
+mod engine;
+mod faults;
+mod hostile;
+mod load;
 mod otlp;
 mod peer;
 mod reload;
 mod replicas;
 mod scripted;
+mod upstream_faults;

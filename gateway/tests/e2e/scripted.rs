@@ -7,7 +7,7 @@ use http::StatusCode;
 use http_body_util::BodyExt;
 use serde_json::json;
 
-use crate::common::{chat, eventually, policy, Client, Gateway, ScriptedUpstream};
+use crate::common::{chat, eventually, policy, sha256_hex, Client, Gateway, ScriptedUpstream};
 
 fn tokens(n: usize) -> serde_json::Value {
     json!({"prompt": (0..n).map(|i| 100 + (i % 1000)).collect::<Vec<_>>(), "max_tokens": 1, "stream": true})
@@ -276,14 +276,6 @@ async fn keys_are_checked_and_errors_are_openai_shaped() {
     );
     gw.assert_accounted().await;
     gw.shutdown().await;
-}
-
-fn sha256_hex(s: &str) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 #[tokio::test]

@@ -219,6 +219,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
                 host
             };
             let children = spawn_ranks(&exe, r.ranks, host, &r.child_args(&path, &split), &secret)?;
+            children.stop_when_a_rank_exits();
             let a = children.addrs().to_vec();
             _children = Some(children);
             a

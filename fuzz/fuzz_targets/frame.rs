@@ -1,0 +1,4 @@
+//! Fuzz target: see `sluice_engine::fuzzing::frame`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sluice_engine::fuzzing::frame(data));

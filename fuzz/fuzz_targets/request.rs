@@ -1,0 +1,4 @@
+//! Fuzz target: see `sluice_gateway::fuzzing::request`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sluice_gateway::fuzzing::request(data));

@@ -1,0 +1,238 @@
+//! Abuse below the request: slow headers, bytes that are not TLS, a TLS 1.1 hello, oversized
+//! headers, and HTTP/2 stream floods and resets.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use super::catalogue::{KEY, PROMPT};
+use super::{gateway, still_serves};
+use crate::common::{certs, Client};
+
+/// The server's bound on a TLS handshake and on a request's headers (`server.rs`).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads until the peer closes (or fails); what it sent, and when it closed.
+async fn until_closed(
+    mut s: impl tokio::io::AsyncRead + Unpin,
+    limit: Duration,
+) -> (Vec<u8>, Option<Duration>) {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let end = tokio::time::timeout(limit, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    (got, end.ok().map(|()| start.elapsed()))
+}
+
+fn connector(alpn: &[u8]) -> TlsConnector {
+    let mut cfg = (*sluice_gateway::tls::client_config(&certs().ca_cert).expect("cfg")).clone();
+    cfg.alpn_protocols = vec![alpn.to_vec()];
+    TlsConnector::from(Arc::new(cfg))
+}
+
+/// Slowloris: headers a byte at a time, and a TLS handshake never begun. Both connections are
+/// closed once the header bound passes (with 5 s of slack for a loaded machine).
+#[tokio::test]
+async fn slow_headers_and_silent_connections_are_closed() {
+    let (gw, _) = gateway().await;
+    let addr = gw.addr;
+    let silent = tokio::spawn(async move {
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        until_closed(tcp, HEADER_TIMEOUT + Duration::from_secs(5)).await
+    });
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let name = ServerName::try_from("localhost").expect("name");
+    let tls = connector(b"http/1.1")
+        .connect(name, tcp)
+        .await
+        .expect("handshake");
+    let (mut rd, mut wr) = tokio::io::split(tls);
+    let trickle = tokio::spawn(async move {
+        let _ = wr
+            .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n")
+            .await;
+        for _ in 0..60 {
+            if wr.write_all(b"x-slow: y\r\n").await.is_err() || wr.flush().await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    let limit = HEADER_TIMEOUT + Duration::from_secs(5);
+    let (_, closed) = until_closed(&mut rd, limit).await;
+    trickle.abort();
+    let closed = closed.expect("the slow-header connection was never closed");
+    assert!(
+        closed >= HEADER_TIMEOUT - Duration::from_secs(1),
+        "closed after {closed:?}"
+    );
+    let (_, closed) = silent.await.expect("task");
+    let closed = closed.expect("the silent connection was never closed");
+    assert!(
+        closed >= HEADER_TIMEOUT - Duration::from_secs(1),
+        "closed after {closed:?}"
+    );
+    still_serves(&gw).await;
+    gw.assert_accounted().await;
+    gw.shutdown().await;
+}
+
+/// A ClientHello offering only TLS 1.1 (with suites the server has).
+fn tls11_client_hello() -> Vec<u8> {
+    let mut hello = vec![0x03, 0x02]; // client_version TLS 1.1
+    hello.extend_from_slice(&[0x5a; 32]); // random
+    hello.push(0); // no session id
+                   // ECDHE-ECDSA/RSA with AES-GCM, as TLS 1.2 would offer them.
+    hello.extend_from_slice(&[0x00, 0x04, 0xc0, 0x2b, 0xc0, 0x2f]);
+    hello.extend_from_slice(&[0x01, 0x00]); // null compression; no extensions
+    let mut hs = vec![0x01, 0x00];
+    hs.extend_from_slice(&(hello.len() as u16).to_be_bytes());
+    hs.extend_from_slice(&hello);
+    let mut rec = vec![0x16, 0x03, 0x01];
+    rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+    rec.extend_from_slice(&hs);
+    rec
+}
+
+/// Plain HTTP, random bytes and a TLS 1.1 hello on the TLS port: closed at once, never an
+/// HTTP answer; TLS 1.1 gets a fatal alert.
+#[tokio::test]
+async fn tls_garbage_and_tls11_are_refused() {
+    let (gw, _) = gateway().await;
+    let junk: Vec<u8> = (0..65_536u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let inputs: [(&str, Vec<u8>); 3] = [
+        (
+            "plain HTTP",
+            b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n".to_vec(),
+        ),
+        ("64 KiB of noise", junk),
+        ("a TLS 1.1 hello", tls11_client_hello()),
+    ];
+    for (name, bytes) in inputs {
+        let mut tcp = TcpStream::connect(gw.addr).await.expect("connect");
+        let _ = tcp.write_all(&bytes).await;
+        let (got, closed) = until_closed(tcp, Duration::from_secs(5)).await;
+        assert!(closed.is_some(), "{name}: left open");
+        assert!(
+            !got.windows(5).any(|w| w == b"HTTP/"),
+            "{name}: answered HTTP"
+        );
+        if name == "a TLS 1.1 hello" {
+            // A fatal alert record (rustls says handshake_failure, 40; protocol_version,
+            // 70, would do as well).
+            assert_eq!(got.first(), Some(&0x15), "{name}: {got:?}");
+            assert!(
+                matches!(got.get(5..7), Some([2, 40 | 70])),
+                "{name}: {got:?}"
+            );
+        }
+    }
+    still_serves(&gw).await;
+    gw.assert_accounted().await;
+    gw.shutdown().await;
+}
+
+/// Headers past the server's bounds — 128 KiB in one header, 200 headers over HTTP/1.1, a
+/// 32 KiB header over HTTP/2 — are refused (431, or the stream refused), never served.
+#[tokio::test]
+async fn oversized_headers_are_refused() {
+    let (gw, _) = gateway().await;
+    let big = vec![b'a'; 128 << 10];
+    let many: Vec<(String, Vec<u8>)> = (0..200)
+        .map(|i| (format!("x-h{i}"), b"v".to_vec()))
+        .collect();
+    let h2_big = vec![b'a'; 32 << 10];
+    type Headers = Vec<(String, Vec<u8>)>;
+    let attempts: [(&str, &str, Headers); 3] = [
+        (
+            "128 KiB header, HTTP/1.1",
+            "http/1.1",
+            vec![("x-big".into(), big)],
+        ),
+        ("200 headers, HTTP/1.1", "http/1.1", many),
+        (
+            "32 KiB header, HTTP/2",
+            "h2",
+            vec![("x-big".into(), h2_big)],
+        ),
+    ];
+    for (name, alpn, headers) in attempts {
+        let c = Client::new(gw.addr, &[alpn]);
+        let h: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (k.as_str(), &v[..])).collect();
+        match c.raw("GET", "/healthz", &h, Bytes::new()).await {
+            Ok(resp) => assert_eq!(
+                resp.status(),
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "{name}"
+            ),
+            Err(e) => eprintln!("{name}: refused at the protocol: {e}"),
+        }
+    }
+    still_serves(&gw).await;
+    gw.assert_accounted().await;
+    gw.shutdown().await;
+}
+
+/// One HTTP/2 connection: 300 concurrent streaming requests (past the 200-stream limit and the
+/// queue), all reset mid-flight, then 500 requests reset as soon as sent. Afterwards no slot
+/// or queue place is held, each accepted request has one outcome, and the gateway serves.
+#[tokio::test]
+async fn http2_floods_and_resets_leave_nothing_held() {
+    let (gw, _) = gateway().await;
+    let send = crate::common::h2_connection(gw.addr).await;
+    let body = serde_json::json!({"messages": [{"role": "user", "content": PROMPT}], "stream": true, "max_tokens": 4}).to_string();
+    let request = || {
+        Request::post(format!(
+            "https://localhost:{}/v1/chat/completions",
+            gw.addr.port()
+        ))
+        .header("authorization", format!("Bearer {KEY}"))
+        .body(Full::new(Bytes::from(body.clone())))
+        .expect("request")
+    };
+    let mut flood = Vec::new();
+    for _ in 0..300 {
+        let mut s = send.clone();
+        let req = request();
+        flood.push(tokio::spawn(async move { s.send_request(req).await }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for f in &flood {
+        f.abort();
+    }
+    for _ in 0..500 {
+        let mut s = send.clone();
+        drop(s.send_request(request()));
+    }
+    let admission = gw.app.admission.clone();
+    let idle = crate::common::eventually(Duration::from_secs(10), || {
+        let snap = admission.snapshot();
+        snap.active == 0 && snap.queued_interactive + snap.queued_batch == 0
+    })
+    .await;
+    assert!(
+        idle,
+        "slots or queue places still held: {:?}",
+        gw.app.admission.snapshot()
+    );
+    still_serves(&gw).await;
+    gw.assert_accounted().await;
+    gw.shutdown().await;
+}
