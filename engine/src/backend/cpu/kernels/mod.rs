@@ -35,7 +35,6 @@ mod float;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
 #[cfg(target_arch = "x86_64")]
-mod packed;
 mod quant;
 mod scalar;
 #[cfg(test)]
@@ -43,7 +42,7 @@ mod tests;
 
 pub use attention::{attend_rows, attend_rows_with, KvHead};
 pub use float::{axpy, axpy_with, dot_f32, dot_f32_with};
-use quant::{ActLayout, QActs};
+use quant::QActs;
 
 /// A weight matrix in its stored (GGUF) layout: `rows` rows of `cols` elements, row-major.
 #[derive(Clone, Copy, Debug)]
@@ -274,41 +273,22 @@ pub fn matmul_multi_with(
     let avx512 = cfg!(target_arch = "x86_64") && level == SimdLevel::Avx512;
     // Batch invariance: every (weight row, token) product must be computed the same way
     // whatever else is in the batch, or a request's greedy output would depend on its
-    // neighbours. The lanes kernel serves every batch size (and is faster at prefill here than
-    // the packed one); the packed kernel rounds differently, so it stays off until it matches
-    // bit for bit.
-    let use_packed = avx512 && m >= PACKED_MIN_M && PACKED_ENABLED;
-    let use_lanes = avx512 && !use_packed;
-    let layout = if use_packed {
-        ActLayout::Packed
-    } else {
-        ActLayout::Plain
-    };
+    // neighbours. The lanes kernel serves every batch size on AVX-512 (a weight-repacking
+    // prefill kernel was tried and dropped: it rounded differently, and was slower here).
+    let use_lanes = avx512;
     let mut acts = if quantized {
         let mut a = quant::take_scratch();
         a.reset(m, cols);
-        quant::quantize_parallel(level, pool, x, &mut a, layout);
+        quant::quantize_parallel(level, pool, x, &mut a);
         Some(a)
     } else {
         None
     };
-    #[cfg(target_arch = "x86_64")]
-    let pplan = packed::Plan::new(cols / 32);
 
     // Task shape: chunks of output rows × chunks of tokens, enough tasks to balance threads.
     let total_rows: usize = ws.iter().map(|w| w.rows).sum();
     let want_tasks = 16 * pool.n_threads();
-    let (row_chunk, tok_chunk) = if use_packed {
-        // Weights are repacked per task, so give each task many tokens.
-        let row_tasks = ws
-            .iter()
-            .map(|w| w.rows.div_ceil(PACKED_ROWS))
-            .sum::<usize>();
-        let tok_chunks = (want_tasks / 2)
-            .div_ceil(row_tasks)
-            .min(m.div_ceil(PACKED_MIN_M));
-        (PACKED_ROWS, m.div_ceil(tok_chunks).next_multiple_of(4))
-    } else if use_lanes {
+    let (row_chunk, tok_chunk) = if use_lanes {
         // Tiles of 16 rows. With per-thread shares of tasks (see the pool), a few tasks per
         // thread balance as well as many, at less cost per call; long prefills are also split
         // by tokens (weights are regrouped per 8 tokens anyway).
@@ -351,10 +331,6 @@ pub fn matmul_multi_with(
         let toks = tc * tok_chunk..((tc + 1) * tok_chunk).min(m);
         match acts_ref {
             #[cfg(target_arch = "x86_64")]
-            Some(a) if w.is_quantized() && use_packed => {
-                packed::packed_block(&pplan, w, a, rows, toks, outs[j])
-            }
-            #[cfg(target_arch = "x86_64")]
             Some(a) if w.is_quantized() && use_lanes => lanes::block(w, a, rows, toks, outs[j]),
             Some(a) if w.is_quantized() => quant_block(level, w, a, rows, toks, outs[j]),
             _ => float::float_block(level, w, x, rows, toks, outs[j].0),
@@ -374,12 +350,6 @@ const LANES_TOKENS_PER_TASK: usize = 64;
 
 /// Weight rows per tile (the main tile; leftovers run one row at a time).
 const TILE_R: usize = 4;
-/// Smallest batch that uses the packed layout (below it, repacking weights costs too much).
-const PACKED_MIN_M: usize = 16;
-/// Whether the packed prefill kernel may be used (see the batch-invariance note in `matmul_multi_with`).
-const PACKED_ENABLED: bool = false;
-/// Weight rows per task on the packed path (repacked into a per-thread buffer).
-pub(crate) const PACKED_ROWS: usize = 16;
 
 /// Computes the outputs of quantized weight `w` for `rows` × `toks` and stores them at `out`.
 fn quant_block(

@@ -11,70 +11,27 @@ use std::sync::Mutex;
 use super::super::pool::ThreadPool;
 use super::SimdLevel;
 
-/// The layout the dot kernels read the activations in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ActLayout {
-    /// `qs` and `ds` only (the stored-layout and lanes kernels).
-    Plain,
-    /// Also [`super::packed`]'s lines (AVX-512, large batches).
-    Packed,
-}
-
 /// Activation rows per parallel quantization task.
 const QUANT_ROWS_PER_TASK: usize = 16;
 
-/// Quantizes the activations (and packs them for `layout`), in parallel when there are many.
-pub(crate) fn quantize_parallel(
-    level: SimdLevel,
-    pool: &ThreadPool,
-    x: &[f32],
-    acts: &mut QActs,
-    layout: ActLayout,
-) {
+/// Quantizes the activations, in parallel when there are many.
+pub(crate) fn quantize_parallel(level: SimdLevel, pool: &ThreadPool, x: &[f32], acts: &mut QActs) {
     let (m, cols, nb) = (acts.m, acts.cols, acts.nb);
-    #[cfg(target_arch = "x86_64")]
-    let plan = (layout == ActLayout::Packed).then(|| super::packed::Plan::new(nb));
-    #[cfg(target_arch = "x86_64")]
-    let rl = plan.as_ref().map_or(0, |p| p.row_lines);
-    #[cfg(not(target_arch = "x86_64"))]
-    let rl = {
-        let _ = layout;
-        0
-    };
-    acts.packed_row_lines = rl;
-    #[cfg(target_arch = "x86_64")]
-    acts.packed.resize(m * rl, super::packed::Line::default());
     let k = if pool.n_threads() == 1 || m * cols < 32 * 1024 {
         m
     } else {
         QUANT_ROWS_PER_TASK
     };
-    #[cfg(target_arch = "x86_64")]
-    let mut lines = acts.packed.chunks_mut((k * rl).max(1));
     let parts: Vec<Mutex<QuantPart>> = x
         .chunks(k * cols)
         .zip(acts.qs.chunks_mut(k * cols))
         .zip(acts.ds.chunks_mut(k * 2 * nb))
-        .map(|((x, qs), ds)| {
-            Mutex::new(QuantPart {
-                x,
-                qs,
-                ds,
-                #[cfg(target_arch = "x86_64")]
-                lines: if rl > 0 { lines.next() } else { None },
-            })
-        })
+        .map(|((x, qs), ds)| Mutex::new(QuantPart { x, qs, ds }))
         .collect();
     let work = |t: usize| {
         let mut g = parts[t].lock().unwrap_or_else(|e| e.into_inner());
         let p = &mut *g;
         quantize_rows(level, p.x, p.qs, p.ds, cols);
-        #[cfg(target_arch = "x86_64")]
-        if let (Some(plan), Some(lines)) = (&plan, p.lines.as_deref_mut()) {
-            // SAFETY: packing is only requested at the AVX-512 level, which the caller clamped
-            // to the detected one.
-            unsafe { super::packed::pack_acts(plan, p.qs, p.ds, cols, lines) };
-        }
     };
     if parts.len() == 1 {
         work(0);
@@ -88,8 +45,6 @@ struct QuantPart<'a> {
     x: &'a [f32],
     qs: &'a mut [i8],
     ds: &'a mut [f32],
-    #[cfg(target_arch = "x86_64")]
-    lines: Option<&'a mut [super::packed::Line]>,
 }
 
 /// Quantized activations: `m` rows of `cols` values.
@@ -103,11 +58,6 @@ pub(crate) struct QActs {
     pub qs: Vec<i8>,
     /// `m * nb` pairs `(d, s)`.
     pub ds: Vec<f32>,
-    /// The same rows in the packed layout (only filled for the packed AVX-512 path).
-    #[cfg(target_arch = "x86_64")]
-    pub packed: Vec<super::packed::Line>,
-    /// Lines per packed row (0 when not packed).
-    pub packed_row_lines: usize,
 }
 
 impl QActs {
@@ -122,7 +72,6 @@ impl QActs {
         self.nb = cols / 32;
         self.qs.resize(m * cols, 0);
         self.ds.resize(m * self.nb * 2, 0.0);
-        self.packed_row_lines = 0;
     }
 }
 
