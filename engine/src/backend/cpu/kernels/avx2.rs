@@ -26,33 +26,7 @@ pub(super) unsafe fn tile(
     cols: usize,
     out: &mut [f32],
 ) {
-    let nb = cols / QK;
-    assert!(cols.is_multiple_of(QK) && row_bytes == nb * dtype.type_size());
-    assert!(w.len() >= nr * row_bytes && xq.len() >= c * cols && xds.len() >= c * 2 * nb);
-    assert!(out.len() >= nr * c);
-    let (w, xq, xds) = (w.as_ptr(), xq.as_ptr(), xds.as_ptr());
-    macro_rules! go {
-        ($f:ident) => {
-            // SAFETY: the buffers hold `nr` weight rows and `c` activation rows (asserted
-            // above), which is all the kernels read; the features are the caller's promise.
-            unsafe {
-                match (nr, c) {
-                    (4, 4) => $f::<4, 4>(w, row_bytes, xq, xds, cols, out),
-                    (4, 2) => $f::<4, 2>(w, row_bytes, xq, xds, cols, out),
-                    (4, 1) => $f::<4, 1>(w, row_bytes, xq, xds, cols, out),
-                    (1, 4) => $f::<1, 4>(w, row_bytes, xq, xds, cols, out),
-                    (1, 2) => $f::<1, 2>(w, row_bytes, xq, xds, cols, out),
-                    (1, 1) => $f::<1, 1>(w, row_bytes, xq, xds, cols, out),
-                    _ => unreachable!("unsupported tile {nr}x{c}"),
-                }
-            }
-        };
-    }
-    match dtype {
-        GgmlType::Q4_1 => go!(q4_1_tile),
-        GgmlType::Q8_0 => go!(q8_0_tile),
-        other => unreachable!("{other} is not a quantized type"),
-    }
+    quant_tile_body!(dtype, nr, c, w, row_bytes, xq, xds, cols, out)
 }
 
 #[target_feature(enable = "avx2")]

@@ -27,6 +27,44 @@ use crate::dtype::GgmlType;
 use crate::error::{Error, Result};
 
 mod attention;
+/// The body of a SIMD level's quantized `tile` (`avx2::tile`, `avx512::tile`): checks the
+/// buffers against the shape, then runs the calling module's `q4_1_tile` or `q8_0_tile`
+/// monomorphized for the tile (`nr` weight rows × `c` activation rows).
+#[cfg(target_arch = "x86_64")]
+macro_rules! quant_tile_body {
+    ($dtype:expr, $nr:expr, $c:expr, $w:expr, $row_bytes:expr, $xq:expr, $xds:expr, $cols:expr, $out:expr) => {{
+        let (dtype, nr, c, row_bytes, cols, out) = ($dtype, $nr, $c, $row_bytes, $cols, $out);
+        let (w, xq, xds): (&[u8], &[i8], &[f32]) = ($w, $xq, $xds);
+        let nb = cols / QK;
+        assert!(cols.is_multiple_of(QK) && row_bytes == nb * dtype.type_size());
+        assert!(w.len() >= nr * row_bytes && xq.len() >= c * cols && xds.len() >= c * 2 * nb);
+        assert!(out.len() >= nr * c);
+        let (w, xq, xds) = (w.as_ptr(), xq.as_ptr(), xds.as_ptr());
+        macro_rules! go {
+            ($f:ident) => {
+                // SAFETY: the buffers hold `nr` weight rows and `c` activation rows (asserted
+                // above), which is all the kernels read; the features are the caller's promise.
+                unsafe {
+                    match (nr, c) {
+                        (4, 4) => $f::<4, 4>(w, row_bytes, xq, xds, cols, out),
+                        (4, 2) => $f::<4, 2>(w, row_bytes, xq, xds, cols, out),
+                        (4, 1) => $f::<4, 1>(w, row_bytes, xq, xds, cols, out),
+                        (1, 4) => $f::<1, 4>(w, row_bytes, xq, xds, cols, out),
+                        (1, 2) => $f::<1, 2>(w, row_bytes, xq, xds, cols, out),
+                        (1, 1) => $f::<1, 1>(w, row_bytes, xq, xds, cols, out),
+                        _ => unreachable!("unsupported tile {nr}x{c}"),
+                    }
+                }
+            };
+        }
+        match dtype {
+            GgmlType::Q4_1 => go!(q4_1_tile),
+            GgmlType::Q8_0 => go!(q8_0_tile),
+            other => unreachable!("{other} is not a quantized type"),
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
