@@ -83,6 +83,8 @@ impl BundledConfig {
             "--model".to_owned(),
             self.model.display().to_string(),
             "--exit-with-parent".to_owned(),
+            // A dead rank: restart the whole pipeline now, not after the unhealthy limit.
+            "--exit-when-a-rank-exits".to_owned(),
         ];
         args.extend(self.extra_args.iter().cloned());
         args

@@ -49,7 +49,7 @@ fn engine_command_line() {
     assert_eq!(
         config.args(addr).join(" "),
         "serve --ranks 3 --listen 127.0.0.1:4321 --model /models/m.gguf --exit-with-parent \
-         --threads 2"
+         --exit-when-a-rank-exits --threads 2"
     );
 }
 

@@ -105,6 +105,10 @@ pub struct ServeArgs {
     /// Exit when the process that started this one goes away (for supervisors and tests).
     #[arg(long)]
     exit_with_parent: bool,
+    /// Stop when a child rank exits, so that a supervisor restarts the whole pipeline at once
+    /// (without it a dead rank leaves the engine degraded: `/health` 503, requests refused).
+    #[arg(long)]
+    exit_when_a_rank_exits: bool,
 }
 
 #[derive(Args, Debug)]
@@ -219,7 +223,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
                 host
             };
             let children = spawn_ranks(&exe, r.ranks, host, &r.child_args(&path, &split), &secret)?;
-            children.stop_when_a_rank_exits();
+            if args.exit_when_a_rank_exits {
+                children.stop_when_a_rank_exits();
+            }
             let a = children.addrs().to_vec();
             _children = Some(children);
             a
