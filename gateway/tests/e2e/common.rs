@@ -344,13 +344,9 @@ pub fn policy(active_max: usize, queue_depth: usize) -> Policy {
 
 /// A tenant of the default class whose key is `key`.
 pub fn tenant(name: &str, key: &str) -> sluice_gateway::policy::Tenant {
-    use sha2::Digest;
     sluice_gateway::policy::Tenant {
         name: name.into(),
-        api_key_sha256: sha2::Sha256::digest(key.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
+        api_key_sha256: sha256_hex(key),
         class: Default::default(),
         requests_per_second: None,
         burst: 10,

@@ -7,7 +7,7 @@ use http::StatusCode;
 use http_body_util::BodyExt;
 use serde_json::json;
 
-use crate::common::{chat, eventually, policy, sha256_hex, Client, Gateway, ScriptedUpstream};
+use crate::common::{chat, eventually, policy, tenant, Client, Gateway, ScriptedUpstream};
 
 fn tokens(n: usize) -> serde_json::Value {
     json!({"prompt": (0..n).map(|i| 100 + (i % 1000)).collect::<Vec<_>>(), "max_tokens": 1, "stream": true})
@@ -231,15 +231,7 @@ async fn disconnects_free_the_queue_place_and_the_slot_and_abort_the_upstream() 
 async fn keys_are_checked_and_errors_are_openai_shaped() {
     let up = ScriptedUpstream::start().await;
     let mut p = policy(4, 16);
-    p.tenants.push(sluice_gateway::policy::Tenant {
-        name: "alice".into(),
-        // sha256("sk-test-alice")
-        api_key_sha256: sha256_hex("sk-test-alice"),
-        class: Default::default(),
-        requests_per_second: None,
-        burst: 10,
-        tokens_per_minute: None,
-    });
+    p.tenants.push(tenant("alice", "sk-test-alice"));
     let gw = Gateway::start(p, up.upstream()).await;
     let (status, _, body) = gw.client().post("/v1/chat/completions", &chat()).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);

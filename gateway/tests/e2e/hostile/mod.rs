@@ -15,23 +15,16 @@ use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use serde_json::Value;
-use sluice_gateway::policy::{Policy, Tenant};
+use sluice_gateway::policy::Policy;
 
-use crate::common::{policy, sha256_hex, Client, Gateway, ScriptedUpstream};
+use crate::common::{policy, sha256_hex, tenant, Client, Gateway, ScriptedUpstream};
 use catalogue::{Case, Want, ADMIN_KEY, BODY_LIMIT, KEY, PROMPT, WRONG_KEY};
 use logs::Logs;
 
 /// One tenant, an admin key, a small body limit.
 fn hostile_policy() -> Policy {
     let mut p = policy(4, 16);
-    p.tenants.push(Tenant {
-        name: "tenant".into(),
-        api_key_sha256: sha256_hex(KEY),
-        class: Default::default(),
-        requests_per_second: None,
-        burst: 10,
-        tokens_per_minute: None,
-    });
+    p.tenants.push(tenant("tenant", KEY));
     p.admin.api_key_sha256 = Some(sha256_hex(ADMIN_KEY));
     p.server.body_limit_bytes = BODY_LIMIT;
     p
