@@ -9,6 +9,9 @@
 //! - [`bundled`]: the supervised bundled engine.
 //! - [`ui`]: the status page (`/ui`).
 
+/// The boxed future of the stack's services (and of anything else that must name one).
+pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
 pub mod alerts;
 pub mod app;
 pub mod body;

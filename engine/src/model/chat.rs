@@ -44,13 +44,7 @@ pub struct ChatTemplate {
 }
 
 fn template_err(e: minijinja::Error) -> Error {
-    let mut msg = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(inner) = source {
-        let _ = write!(msg, ": {inner}");
-        source = inner.source();
-    }
-    Error::ChatTemplate(msg)
+    Error::ChatTemplate(crate::error::chain(&e))
 }
 
 impl ChatTemplate {

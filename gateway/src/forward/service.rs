@@ -1,7 +1,5 @@
 //! The forwarding service.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -22,6 +20,7 @@ use crate::middleware::parse::Json;
 use crate::middleware::request_id::{RequestId, REQUEST_ID_HEADER};
 use crate::policy::PolicyStore;
 use crate::telemetry::{RequestRecord, RequestTrace, UpstreamTrace};
+use crate::BoxFuture;
 
 /// Sends each request to the upstream and streams its response back.
 #[derive(Clone, Debug)]
@@ -54,7 +53,7 @@ impl Forward {
 impl Service<Request<Json>> for Forward {
     type Response = Response<GatewayBody>;
     type Error = GatewayError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<GatewayBody>, GatewayError>> + Send>>;
+    type Future = BoxFuture<Result<Response<GatewayBody>, GatewayError>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
         Poll::Ready(Ok(()))
@@ -204,13 +203,11 @@ fn request_error(
     if e.is_connect() {
         return upstream.connect_error(target, e);
     }
-    let mut why = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        why = format!("{why}: {s}");
-        source = s.source();
-    }
-    GatewayError::Upstream(format!("{} gave no valid HTTP answer ({why})", target.base))
+    GatewayError::Upstream(format!(
+        "{} gave no valid HTTP answer ({})",
+        target.base,
+        sluice_engine::error::chain(e)
+    ))
 }
 
 /// Headers that never cross a proxy (RFC 9110 §7.6.1), plus the length the body sets.

@@ -6,8 +6,6 @@
 //! 429 `tokens_per_minute_exceeded` with `Retry-After`.
 
 use std::collections::{HashMap, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -24,6 +22,7 @@ use super::count::PromptTokens;
 use crate::body::{GatewayBody, Tap, TapBody};
 use crate::error::GatewayError;
 use crate::telemetry::UsageScanner;
+use crate::BoxFuture;
 
 /// The window a budget covers.
 const WINDOW: Duration = Duration::from_secs(60);
@@ -147,8 +146,6 @@ pub struct Budget<S> {
     inner: S,
     budgets: Arc<TokenBudgets>,
 }
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S, B> Service<Request<B>> for Budget<S>
 where

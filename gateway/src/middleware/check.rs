@@ -1,14 +1,14 @@
 //! A layer that runs a synchronous check on each request: pass it on (possibly amended), or
 //! refuse it with a [`GatewayError`]. Auth, rate limits and the token caps are checks.
 
-use std::future::{ready, Future};
-use std::pin::Pin;
+use std::future::ready;
 use std::task::{Context, Poll};
 
 use http::Request;
 use tower::{Layer, Service};
 
 use crate::error::GatewayError;
+use crate::BoxFuture;
 
 /// A check of one request.
 pub trait Check<B> {
@@ -55,7 +55,7 @@ where
 {
     type Response = S::Response;
     type Error = GatewayError;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, GatewayError>> + Send>>;
+    type Future = BoxFuture<Result<S::Response, GatewayError>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
         self.inner.poll_ready(cx)

@@ -2,8 +2,6 @@
 //! the chat template (tools included) — the same code the bundled engine runs, so the count
 //! equals the engine's `usage.prompt_tokens`. Adds the [`PromptTokens`] extension.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -18,6 +16,7 @@ use tower::{Layer, Service, ServiceExt};
 use super::parse::Json;
 use crate::error::GatewayError;
 use crate::telemetry::RequestRecord;
+use crate::BoxFuture;
 
 /// The response header with the prompt's token count taken on arrival.
 pub const PROMPT_TOKENS_HEADER: &str = "x-sluice-prompt-tokens";
@@ -120,7 +119,7 @@ where
 {
     type Response = S::Response;
     type Error = GatewayError;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, GatewayError>> + Send>>;
+    type Future = BoxFuture<Result<S::Response, GatewayError>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
         self.inner.poll_ready(cx)

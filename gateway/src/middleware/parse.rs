@@ -2,8 +2,6 @@
 //! `server.body_limit_bytes`), parses it (400 naming the line and column), and makes the
 //! request a [`Json`] one for the layers after it.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -15,6 +13,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::error::GatewayError;
 use crate::policy::PolicyStore;
+use crate::BoxFuture;
 
 /// A parsed request body, and the endpoint it is for.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,7 +62,7 @@ where
 {
     type Response = S::Response;
     type Error = GatewayError;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, GatewayError>> + Send>>;
+    type Future = BoxFuture<Result<S::Response, GatewayError>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
         self.inner.poll_ready(cx)

@@ -9,8 +9,6 @@
 //! - Counts the request as accepted, and records how it ends ([`crate::telemetry::Outcome`]).
 
 use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -21,6 +19,7 @@ use tower::{Layer, Service, ServiceExt};
 use crate::body::GatewayBody;
 use crate::error::GatewayError;
 use crate::telemetry::{Metrics, OutcomeGuard, RequestRecord, RequestTrace};
+use crate::BoxFuture;
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
@@ -69,7 +68,7 @@ where
 {
     type Response = Response<GatewayBody>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<GatewayBody>, Infallible>> + Send>>;
+    type Future = BoxFuture<Result<Response<GatewayBody>, Infallible>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         // Readiness is decided per request, below (a refusal is an answer, not an error).

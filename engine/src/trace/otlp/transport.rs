@@ -11,6 +11,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 
 use super::config::{OtlpConfig, Protocol};
+use crate::error::chain;
 
 /// Why an export failed.
 #[derive(Debug, thiserror::Error)]
@@ -79,14 +80,14 @@ impl Transport {
             .client
             .request(req)
             .await
-            .map_err(|e| ExportError::Send(error_chain(&e)))?;
+            .map_err(|e| ExportError::Send(chain(&e)))?;
         let status = resp.status();
         let grpc_in_headers = grpc_status(resp.headers());
         let collected = resp
             .into_body()
             .collect()
             .await
-            .map_err(|e| ExportError::Send(error_chain(&e)))?;
+            .map_err(|e| ExportError::Send(chain(&e)))?;
         if !status.is_success() {
             return Err(ExportError::Status(status));
         }
@@ -127,16 +128,4 @@ fn grpc_status(headers: &http::HeaderMap) -> Option<(u32, String)> {
         .unwrap_or("")
         .to_owned();
     Some((code, message))
-}
-
-/// An error and its causes on one line (hyper's own message alone says little).
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }

@@ -1,8 +1,6 @@
 //! The admission service: takes a slot (waiting in the queue if need be), then calls the
 //! upstream and moves the slot into the response body.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -17,6 +15,7 @@ use crate::error::GatewayError;
 use crate::middleware::auth::Caller;
 use crate::middleware::count::PromptTokens;
 use crate::telemetry::{Metrics, QueueOutcome, RequestRecord, UpstreamTrace};
+use crate::BoxFuture;
 
 /// The response header with the time spent queued, in whole milliseconds.
 pub const QUEUE_MS_HEADER: &str = "x-sluice-queue-ms";
@@ -54,7 +53,7 @@ where
 {
     type Response = Response<GatewayBody>;
     type Error = GatewayError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<GatewayBody>, GatewayError>> + Send>>;
+    type Future = BoxFuture<Result<Response<GatewayBody>, GatewayError>>;
 
     /// Ready while a request could be granted or queued; otherwise parked until the queue
     /// changes — the backpressure [`super::Shed`] turns into an immediate `overloaded`.

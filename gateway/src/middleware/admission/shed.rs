@@ -1,8 +1,6 @@
 //! Load shedding: when admission is not ready (queue full), answer `overloaded` at once
 //! instead of letting the request wait outside the queue, where nobody counts or bounds it.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -14,6 +12,7 @@ use crate::body::GatewayBody;
 use crate::error::GatewayError;
 use crate::middleware::auth::Caller;
 use crate::telemetry::{QueueOutcome, RequestRecord};
+use crate::BoxFuture;
 
 /// Sheds calls made while the inner service was not ready.
 #[derive(Clone, Debug)]
@@ -32,8 +31,6 @@ impl<S> Shed<S> {
         }
     }
 }
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S, B> Service<Request<B>> for Shed<S>
 where
