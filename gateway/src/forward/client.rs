@@ -13,10 +13,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rustls::{ClientConfig, RootCertStore};
 
+use super::connection::Stamping;
 use crate::tls::{self, TlsError};
 
 /// The client.
-pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+pub type HttpClient = Client<HttpsConnector<Stamping<HttpConnector>>, Full<Bytes>>;
 
 /// A client that trusts `ca` (a PEM bundle) for `https://` upstreams, or the system's roots
 /// without one.
@@ -43,7 +44,7 @@ pub fn http_client(ca: Option<&Path>) -> Result<HttpClient, TlsError> {
         .with_tls_config(config)
         .https_or_http()
         .enable_all_versions()
-        .wrap_connector(http);
+        .wrap_connector(Stamping(http));
     Ok(Client::builder(TokioExecutor::new()).build(connector))
 }
 

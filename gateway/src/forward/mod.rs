@@ -5,9 +5,11 @@
 //! - [`upstream`]: where requests go (the bundled engine, or OpenAI-compatible URLs).
 //! - [`replicas`]: several OpenAI-compatible replicas: balancing, health, saturation.
 //! - [`client`]: the HTTP(S) client to upstreams.
+//! - [`connection`]: telling a pooled connection the upstream closed from a fresh one.
 //! - [`service`]: the forwarding service.
 
 pub mod client;
+mod connection;
 mod idle;
 pub mod replicas;
 mod service;

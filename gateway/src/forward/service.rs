@@ -2,14 +2,17 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName};
 use http::{HeaderValue, Method, Request, Response};
 use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::capture_connection;
 use tower::Service;
 
 use super::client::{http_client, HttpClient};
+use super::connection::closed_before_answering;
 use super::idle::IdleBody;
 use super::upstream::{Target, Upstream};
 use crate::body::{BoxError, GatewayBody};
@@ -89,20 +92,28 @@ impl Service<Request<Json>> for Forward {
                 body,
                 api_key: api_key.as_deref(),
             };
-            // Only a refused connection is retried (on another replica): nothing reached an
-            // engine. Once a request may have started generating, it is never sent twice.
+            // Only a request that reached no engine is sent again: a refused connection (on
+            // another replica), or a pooled connection the upstream had closed (once; see
+            // `connection`). Once a request may have started generating, it is never sent twice.
             let mut tried = Vec::new();
             let mut refused = None;
+            let mut resent = false;
             let (lease, resp) = loop {
                 let lease = match upstream.lease(&tried) {
                     Ok(l) => l,
                     Err(e) => return Err(refused.unwrap_or(e)),
                 };
-                let sent = tokio::time::timeout(idle, client.request(outgoing.to(&lease.target)?));
-                match sent.await {
+                let mut req = outgoing.to(&lease.target)?;
+                let conn = capture_connection(&mut req);
+                let started = Instant::now();
+                match tokio::time::timeout(idle, client.request(req)).await {
                     Ok(Ok(resp)) => {
                         lease.answered(resp.status());
                         break (lease, resp);
+                    }
+                    Ok(Err(e)) if !resent && closed_before_answering(&conn, started, &e) => {
+                        tracing::debug!(upstream = %lease.target.base, error = %e, "a pooled connection was closed under the request; sending it on a new one");
+                        resent = true;
                     }
                     Ok(Err(e)) => {
                         lease.failed();

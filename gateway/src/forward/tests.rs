@@ -1,6 +1,7 @@
 //! Forwarding against a scripted upstream on loopback.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -13,6 +14,7 @@ use sluice_engine::server::prompt::Endpoint;
 use tower::ServiceExt;
 
 use super::*;
+use crate::error::GatewayError;
 use crate::middleware::count::PromptTokens;
 use crate::middleware::parse::Json;
 use crate::telemetry::RequestTrace;
@@ -140,4 +142,105 @@ async fn an_unreachable_upstream_is_engine_unavailable() {
         matches!(e, crate::error::GatewayError::EngineUnavailable(_)),
         "{e:?}"
     );
+}
+
+/// An upstream that answers the first request on each connection (keep-alive, as announced)
+/// and, when `hang_up_on_reuse`, closes the connection under the second one unanswered, as
+/// `llama-server` does after a stream; otherwise it closes under every request. Counts the
+/// requests it read.
+async fn hanging_up(hang_up_on_reuse: bool) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let read = Arc::new(AtomicUsize::new(0));
+    let count = read.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                for answered in 0.. {
+                    if !read_request(&mut stream, &mut buf).await {
+                        return;
+                    }
+                    count.fetch_add(1, Ordering::SeqCst);
+                    if !hang_up_on_reuse || answered > 0 {
+                        return;
+                    }
+                    let body = r#"{"choices":[]}"#;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nkeep-alive: timeout=5, max=100\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(format!("{head}{body}").as_bytes()).await;
+                }
+            });
+        }
+    });
+
+    /// Reads one request (head and `content-length` body) off `stream`; false at its end.
+    async fn read_request(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> bool {
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + len {
+                    buf.drain(..end + 4 + len);
+                    return true;
+                }
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+    (addr, read)
+}
+
+async fn post(forward: &Forward) -> Result<Response<crate::body::GatewayBody>, GatewayError> {
+    let req = Request::post("/v1/chat/completions")
+        .body(Json {
+            endpoint: Endpoint::ChatCompletions,
+            value: json!({"messages": [{"role": "user", "content": "hi"}]}),
+        })
+        .expect("request");
+    forward.clone().oneshot(req).await
+}
+
+fn forward_to(addr: std::net::SocketAddr) -> Forward {
+    let up = Arc::new(StaticUpstream::new(&format!("http://{addr}")).expect("url"));
+    Forward::new(
+        up,
+        crate::policy::PolicyStore::new(crate::policy::LoadedPolicy::defaults()),
+    )
+}
+
+#[tokio::test]
+async fn a_pooled_connection_closed_under_a_request_is_replaced_once() {
+    let (addr, read) = hanging_up(true).await;
+    let forward = forward_to(addr);
+    for n in 1..=3 {
+        let resp = post(&forward).await.expect("answered");
+        assert_eq!(resp.status(), StatusCode::OK, "request {n}");
+        let _ = resp.into_body().collect().await.expect("body");
+    }
+    // Requests 2 and 3 were each read once on the reused connection, unanswered, then once
+    // more on a new one.
+    assert_eq!(read.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn a_request_lost_on_its_own_new_connection_is_never_sent_again() {
+    let (addr, read) = hanging_up(false).await;
+    let e = post(&forward_to(addr)).await.expect_err("no answer");
+    assert_eq!(e.class().status, StatusCode::BAD_GATEWAY, "{e:?}");
+    assert_eq!(read.load(Ordering::SeqCst), 1, "sent exactly once");
 }

@@ -61,30 +61,11 @@ pub fn sigkill(pid: u32) {
     assert!(status.success(), "kill -s KILL {pid}: {status}");
 }
 
-/// This process's resident set, in bytes.
-pub fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
-
 /// Held by each test that runs the real engine, so that they run one at a time: three
 /// engines at once on two cores would make every latency figure meaningless.
 pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
     static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     ONE.lock().await
-}
-
-/// Waits until no rank holds KV blocks (a leak would keep them), at most `limit`.
-pub async fn kv_drained(sup: &Supervisor, limit: Duration) -> bool {
-    crate::common::eventually(limit, || {
-        let ranks = sup.ranks();
-        !ranks.is_empty() && ranks.iter().all(|r| r.up && r.kv_tokens_used == 0)
-    })
-    .await
 }
 
 /// The TCP addresses process `pid` listens on (its socket inodes matched in `/proc/net/tcp`
@@ -134,26 +115,4 @@ fn parse_proc_addr(s: &str) -> Option<std::net::SocketAddr> {
         _ => return None,
     };
     Some((ip, port).into())
-}
-
-/// Lowers the priority of every thread of the engine's processes (rank 0 and its ranks) by
-/// `nice`, so that on a machine the two share, the gateway's own work comes first.
-pub fn renice_engine(sup: &Supervisor, nice: i32) {
-    let Some(rank0) = sup.child_pid() else {
-        return;
-    };
-    for pid in std::iter::once(rank0).chain(children(rank0)) {
-        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .map(|d| {
-                d.filter_map(|e| e.ok()?.file_name().to_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_else(|_| Vec::<String>::new());
-        for tid in tasks {
-            let _ = std::process::Command::new("renice")
-                .args(["-n", &nice.to_string(), "-p", &tid])
-                .stdout(std::process::Stdio::null())
-                .status();
-        }
-    }
 }

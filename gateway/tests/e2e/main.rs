@@ -6,7 +6,6 @@ mod common;
 mod engine;
 mod faults;
 mod hostile;
-mod load;
 mod otlp;
 mod peer;
 mod reload;

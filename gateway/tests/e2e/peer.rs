@@ -146,7 +146,14 @@ async fn llama_server_behind_the_gateway() {
     assert!(frames > 3, "streamed in {frames} pieces: {text}");
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     let second = second.await.expect("task");
-    assert_eq!(second.status(), StatusCode::OK);
+    let status = second.status();
+    if status != StatusCode::OK {
+        let body = second.into_body().collect().await.expect("body").to_bytes();
+        panic!(
+            "the second stream got {status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
     let queued: u64 = second.headers()["x-sluice-queue-ms"]
         .to_str()
         .expect("ascii")

@@ -4,8 +4,21 @@
 //! loaded two-core machine; the documented runs (`docs/reliability.md`) are
 //! `SLUICE_OVERLOAD_SECS=60 SLUICE_SOAK_SECS=600 SLUICE_LOAD_STRICT=1`, which also hold the
 //! issue's own targets (shed p99 ≤ 5 ms, admitted TTFT p95 ≤ 1.5× unloaded).
+//!
+//! A test binary of its own, with the e2e suite's harness: the gateway's memory is read from
+//! this process's RSS, which must hold nothing but this gateway and its clients (inside the
+//! e2e binary, tests running alongside, such as the hostile catalogue's huge bodies, counted
+//! too).
 
+// The harness serves the whole e2e suite; this binary uses part of it.
+#[allow(dead_code)]
+#[path = "../e2e/common.rs"]
+mod common;
+#[allow(dead_code)]
+#[path = "../e2e/engine.rs"]
+mod engine;
 mod overload;
+mod process;
 mod sample;
 mod soak;
 
@@ -39,12 +52,12 @@ async fn overload_then_soak_against_the_real_engine() {
     let active = policy.admission.active_max;
     let (sup, gw) = crate::engine::start(policy, Duration::from_secs(120)).await;
     if let Ok(n) = std::env::var("SLUICE_ENGINE_NICE") {
-        crate::engine::renice_engine(&sup, n.parse().unwrap_or(10));
+        crate::process::renice_engine(&sup, n.parse().unwrap_or(10));
     }
     let base = overload::baseline(&gw, active).await;
     overload::burst(&gw, &base, secs("SLUICE_OVERLOAD_SECS", 10)).await;
     assert!(
-        crate::engine::kv_drained(&sup, Duration::from_secs(10)).await,
+        crate::process::kv_drained(&sup, Duration::from_secs(10)).await,
         "KV blocks still held after the burst: {:?}",
         sup.ranks()
     );

@@ -9,7 +9,7 @@ use tokio::task::JoinSet;
 use super::sample::{connect, ms, percentile, run, Sample};
 use super::{short_stream, strict};
 use crate::common::Gateway;
-use crate::engine::rss_bytes;
+use crate::process::rss_bytes;
 
 const CHAT: &str = "/v1/chat/completions";
 

@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use super::sample::{cancel_after_first_token, connect, ms, percentile, run};
 use super::{short_stream, strict};
 use crate::common::Gateway;
-use crate::engine::{kv_drained, rss_bytes};
+use crate::process::{kv_drained, rss_bytes};
 
 const WINDOWS: usize = 6;
 
