@@ -2,7 +2,7 @@
 CARGO ?= cargo
 THREADS ?= 2
 
-.PHONY: run engine chat test fetch-model build lint bench deny fuzz
+.PHONY: run engine chat test fetch-model build lint bench deny fuzz rdma
 fetch-model:
 	./scripts/fetch-model.sh
 
@@ -34,6 +34,15 @@ lint:
 
 bench: fetch-model build
 	./target/release/sluice-engine bench --threads $(THREADS)
+
+## The engine with the RDMA transport (`--transport rdma`, docs/transport.md), built into
+## target/rdma so that the default build in target/release (which never links libibverbs) is
+## left alone. Needs the Debian packages cmake pkg-config libnl-3-dev libnl-route-3-dev
+## libclang-dev libibverbs-dev, and python3 (ibverbs-sys runs cmake and bindgen over rdma-core;
+## the binary links the system libibverbs). Binary: target/rdma/release/sluice-engine.
+RDMA_TARGET ?= target/rdma
+rdma:
+	CARGO_TARGET_DIR=$(RDMA_TARGET) $(CARGO) build --release -p sluice-engine --features rdma
 
 ## The dependency policy (deny.toml): licenses, bans, sources. `cargo deny check` adds the
 ## advisories, where the RustSec database (on GitHub) can be fetched.

@@ -14,7 +14,8 @@ use crate::model::Llama;
 use crate::scheduler::{Input, MicroBatch};
 use crate::transport::message::{Message, NextRank, Setup};
 use crate::transport::{
-    dial, f32_to_le_bytes, DialOptions, HelloFields, LinkRole, TcpTransport, Transport,
+    dial, f32_to_le_bytes, DataTransport, DialOptions, HelloFields, LinkRole, LinkTransport,
+    TcpTransport, Transport,
 };
 
 /// Where the other ranks are and how to prove we belong with them.
@@ -25,6 +26,8 @@ pub struct Peers {
     pub model_sha256: String,
     pub secret: Vec<u8>,
     pub dial: DialOptions,
+    /// What the data link to rank 1 runs on (every rank's data links run on the same).
+    pub transport: DataTransport,
 }
 
 /// A control link to rank `k` and whether it is still alive.
@@ -38,7 +41,7 @@ struct ControlLink {
 pub struct RemoteDriver<B: Backend> {
     stage: Stage<B>,
     split: LayerSplit,
-    data: Arc<TcpTransport>,
+    data: Arc<dyn Transport>,
     controls: Vec<ControlLink>,
 }
 
@@ -76,6 +79,10 @@ impl<B: Backend> RemoteDriver<B> {
             rank: k as u32,
             layers: bounds(k),
             n_ranks: n as u32,
+            transport: match role {
+                LinkRole::Control => LinkTransport::Tcp,
+                LinkRole::Data => peers.transport.kind(),
+            },
         };
         let mut controls = Vec::new();
         let mut kv_blocks = own_kv_blocks as u64;
@@ -125,6 +132,10 @@ impl<B: Backend> RemoteDriver<B> {
                 )))
             }
         }
+        let data = peers
+            .transport
+            .establish(data, peers.dial.link.heartbeat_timeout)
+            .map_err(|e| Error::Transport(format!("data link to rank 1: {e}")))?;
         for c in &controls {
             match c.link.recv()? {
                 (Message::Ready { .. }, _) => {}

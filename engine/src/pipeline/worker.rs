@@ -14,8 +14,8 @@ use crate::model::{file_sha256, Llama, LlamaConfig};
 use crate::pipeline::{LayerSplit, Stage};
 use crate::transport::message::{Message, RankStatus, Sampled, Welcome};
 use crate::transport::{
-    dial, f32_to_le_bytes, le_bytes_to_f32, DialOptions, Expected, HelloFields, LinkConfig,
-    LinkRole, RankListener, TcpTransport, Transport,
+    dial, f32_to_le_bytes, le_bytes_to_f32, DataTransport, DialOptions, Expected, HelloFields,
+    LinkConfig, LinkRole, RankListener, TcpTransport, Transport,
 };
 
 /// How to start one rank.
@@ -30,6 +30,8 @@ pub struct RankOptions {
     pub threads: usize,
     pub kv: KvBudget,
     pub secret: Vec<u8>,
+    /// What this rank's data links (from the previous rank, to the next) run on.
+    pub transport: DataTransport,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -101,6 +103,7 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
         rank: opts.rank as u32,
         layers: bounds,
         n_ranks: opts.n_ranks as u32,
+        transport: opts.transport.kind(),
         secret: opts.secret.clone(),
     };
 
@@ -148,6 +151,7 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
         stage.kv_tokens()
     );
 
+    let heartbeat_timeout = link_cfg.heartbeat_timeout;
     let next = match &setup.next {
         Some(n) => {
             let hello = HelloFields {
@@ -156,6 +160,7 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
                 rank: n.rank,
                 layers: n.layers,
                 n_ranks: opts.n_ranks as u32,
+                transport: opts.transport.kind(),
             };
             let link = dial(
                 &n.addr,
@@ -167,7 +172,13 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
                 },
             )?;
             match link.recv()? {
-                (Message::Ready { .. }, _) => Some(link),
+                (Message::Ready { .. }, _) => Some(
+                    opts.transport
+                        .establish(link, heartbeat_timeout)
+                        .map_err(|e| {
+                            Error::Transport(format!("data link to rank {}: {e}", n.rank))
+                        })?,
+                ),
                 (other, _) => {
                     return Err(Error::Transport(format!(
                         "expected Ready from rank {}, got {other:?}",
@@ -178,7 +189,13 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
         }
         None => None,
     };
-    let upstream = accept_role(&listener, &expect, LinkRole::Data)?;
+    let upstream = opts
+        .transport
+        .establish(
+            accept_role(&listener, &expect, LinkRole::Data)?,
+            heartbeat_timeout,
+        )
+        .map_err(|e| Error::Transport(format!("data link from rank {}: {e}", opts.rank - 1)))?;
     control.send(
         &Message::Ready {
             rank: opts.rank as u32,

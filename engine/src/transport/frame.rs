@@ -56,6 +56,7 @@ pub mod kind {
     pub const HEARTBEAT: u16 = 10;
     pub const FATAL: u16 = 11;
     pub const SHUTDOWN: u16 = 12;
+    pub const RDMA: u16 = 13;
 }
 
 /// The frame kind of a message.
@@ -73,6 +74,7 @@ pub fn kind_of(msg: &Message) -> u16 {
         Message::Heartbeat(_) => kind::HEARTBEAT,
         Message::Fatal { .. } => kind::FATAL,
         Message::Shutdown => kind::SHUTDOWN,
+        Message::Rdma(_) => kind::RDMA,
     }
 }
 
@@ -91,6 +93,7 @@ pub fn kind_name(kind: u16) -> &'static str {
         kind::HEARTBEAT => "Heartbeat",
         kind::FATAL => "Fatal",
         kind::SHUTDOWN => "Shutdown",
+        kind::RDMA => "Rdma",
         _ => "unknown",
     }
 }

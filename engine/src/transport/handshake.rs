@@ -4,7 +4,8 @@
 //! 2. The dialer sends `Hello{protocol, role, model_sha256, rank, layers, n_ranks, proof}` where
 //!    `proof = hex(HMAC-SHA256(key = cluster secret, message = the nonce's hex text))`.
 //! 3. The listener checks, in this order, the protocol version, the model's sha256, the proof
-//!    (in constant time), and the rank, blocks and pipeline size the dialer expects. The first
+//!    (in constant time), the rank, blocks and pipeline size the dialer expects, and (data links)
+//!    the transport. The first
 //!    difference is answered with `Refused{reason}` naming it, and the connection is closed.
 //!    Otherwise a data link is answered `Ready{rank}` at once, and on a control link the
 //!    listener's caller answers `Welcome{..}`.
@@ -26,7 +27,7 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use super::frame::{self, FrameError, WIRE_VERSION};
-use super::message::{Hello, LinkRole, Message, PROTOCOL_VERSION};
+use super::message::{Hello, LinkRole, LinkTransport, Message, PROTOCOL_VERSION};
 use super::tcp::{Heard, LinkConfig, TcpTransport};
 use crate::error::{Error, Result};
 
@@ -43,6 +44,8 @@ pub struct HelloFields {
     pub layers: [u32; 2],
     /// Ranks in the pipeline.
     pub n_ranks: u32,
+    /// What a data link runs on after the handshake (control links: always TCP).
+    pub transport: LinkTransport,
 }
 
 /// What a listening rank is, which a dialer's `Hello` must match.
@@ -55,6 +58,8 @@ pub struct Expected {
     pub layers: [u32; 2],
     /// Ranks in the pipeline.
     pub n_ranks: u32,
+    /// What this rank's incoming data link runs on.
+    pub transport: LinkTransport,
     /// The cluster secret every rank shares.
     pub secret: Vec<u8>,
 }
@@ -66,6 +71,7 @@ impl std::fmt::Debug for Expected {
             .field("rank", &self.rank)
             .field("layers", &self.layers)
             .field("n_ranks", &self.n_ranks)
+            .field("transport", &self.transport)
             .field(
                 "secret",
                 &format_args!("<{} bytes, redacted>", self.secret.len()),
@@ -183,6 +189,12 @@ pub fn check_hello(
             "expected {}, this is {}",
             describe(hello.rank, hello.layers, hello.n_ranks, with_n),
             describe(expect.rank, expect.layers, expect.n_ranks, with_n)
+        ));
+    }
+    if hello.role == LinkRole::Data && hello.transport != expect.transport {
+        return Err(format!(
+            "transport {}, this rank's data link runs on {} (--transport)",
+            hello.transport, expect.transport
         ));
     }
     Ok(())
@@ -424,6 +436,7 @@ fn dial_once(
         rank: fields.rank,
         layers: fields.layers,
         n_ranks: fields.n_ranks,
+        transport: fields.transport,
         proof: proof(secret, &nonce),
     };
     send_raw(&stream, &Message::Hello(hello)).map_err(io_retry)?;
@@ -501,6 +514,7 @@ mod tests {
             rank: 2,
             layers: [15, 29],
             n_ranks: 3,
+            transport: LinkTransport::Tcp,
             secret: b"s3cret".to_vec(),
         }
     }
@@ -513,6 +527,7 @@ mod tests {
             rank: 2,
             layers: [15, 29],
             n_ranks: 3,
+            transport: LinkTransport::Tcp,
             proof: proof(secret, nonce),
         }
     }
@@ -524,11 +539,14 @@ mod tests {
         assert_eq!(check_hello(&hello_for(&n, b"s3cret"), &n, &e), Ok(()));
 
         let mut h = hello_for(&n, b"wrong");
-        h.protocol = 2;
+        h.protocol = PROTOCOL_VERSION + 1;
         h.model_sha256 = "abc".into();
         assert_eq!(
             check_hello(&h, &n, &e).unwrap_err(),
-            "protocol version 2, this rank speaks 1"
+            format!(
+                "protocol version {}, this rank speaks {PROTOCOL_VERSION}",
+                PROTOCOL_VERSION + 1
+            )
         );
         h.protocol = PROTOCOL_VERSION;
         assert_eq!(

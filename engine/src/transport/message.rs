@@ -3,8 +3,11 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Bumped whenever a message changes meaning; the handshake refuses a mismatch.
-pub const PROTOCOL_VERSION: u32 = 1;
+use super::rdma::QpInfo;
+
+/// Bumped whenever a message changes meaning; the handshake refuses a mismatch. (2: the hello
+/// names the transport, and RDMA links exchange `Rdma` messages.)
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// What a connection is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -13,6 +16,27 @@ pub enum LinkRole {
     Control,
     /// Rank k to rank k+1: activations and releases, in order.
     Data,
+}
+
+/// What carries a data link's messages once the handshake is done. Control links are TCP.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkTransport {
+    /// The TCP connection itself.
+    #[default]
+    Tcp,
+    /// A reliable-connected RDMA queue pair, set up over the TCP connection (which keeps the
+    /// heartbeats and the receive credits).
+    Rdma,
+}
+
+impl std::fmt::Display for LinkTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Tcp => "tcp",
+            Self::Rdma => "rdma",
+        })
+    }
 }
 
 /// The dialer's half of the handshake: who it expects to find at the other end.
@@ -28,6 +52,9 @@ pub struct Hello {
     pub layers: [u32; 2],
     /// Ranks in the pipeline.
     pub n_ranks: u32,
+    /// What the link runs on after the handshake (data links; control links are TCP).
+    #[serde(default)]
+    pub transport: LinkTransport,
     /// HMAC-SHA256 over the listener's challenge nonce, keyed by the cluster secret (hex).
     pub proof: String,
 }
@@ -115,6 +142,17 @@ pub struct RankStatus {
     pub kv_bytes: u64,
 }
 
+/// What the two sides of an RDMA link tell each other over its TCP connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RdmaControl {
+    /// This side's queue pair (sent once each way, after the handshake).
+    QueuePair(QpInfo),
+    /// This side's queue pair is connected to the peer's: the peer may send.
+    Connected,
+    /// This side consumed and re-posted `slots` receive slots: the peer may send that many more.
+    Credit { slots: u32 },
+}
+
 /// Every message of the protocol. `Forward` carries a tensor body; no other message does.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Message {
@@ -142,6 +180,8 @@ pub enum Message {
         kv_blocks_used: u64,
     },
     Heartbeat(Option<RankStatus>),
+    /// An RDMA link's set-up and flow control, on its TCP connection.
+    Rdma(RdmaControl),
     /// A rank hit an error it cannot recover from.
     Fatal {
         reason: String,

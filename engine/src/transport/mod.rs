@@ -6,6 +6,8 @@
 //! - [`tcp`]: [`TcpTransport`], the [`Transport`] over a TCP stream, with heartbeats, and
 //!   [`RankListener`], the listening side.
 //! - [`handshake`]: challenge, hello and proof, the checks a listener makes, and [`dial`].
+//! - [`rdma`]: the [`Transport`] over an RDMA queue pair (feature `rdma` for real devices).
+//! - [`select`]: [`DataTransport`], what data links run on (`--transport tcp|rdma`).
 //!
 //! A link starts with a handshake: the listener sends `Challenge{nonce}`, the dialer answers
 //! `Hello{..}` with `proof = hex(HMAC-SHA256(cluster secret, nonce))`, and the listener either
@@ -21,8 +23,12 @@
 pub mod frame;
 pub mod handshake;
 pub mod message;
+pub mod rdma;
+pub mod select;
 pub mod tcp;
 
+#[cfg(test)]
+mod suite;
 #[cfg(test)]
 mod tests;
 
@@ -33,7 +39,8 @@ use message::{Message, RankStatus};
 
 pub use frame::{f32_to_le_bytes, le_bytes_into_f32, le_bytes_to_f32};
 pub use handshake::{dial, DialOptions, Expected, HelloFields};
-pub use message::{LinkRole, PROTOCOL_VERSION};
+pub use message::{LinkRole, LinkTransport, PROTOCOL_VERSION};
+pub use select::DataTransport;
 pub use tcp::{LinkConfig, RankListener, StatusSource, TcpTransport};
 
 /// A bidirectional, ordered, framed connection to one peer rank.

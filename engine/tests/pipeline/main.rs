@@ -244,3 +244,53 @@ fn a_rank_with_a_different_layer_split_or_secret_is_refused() {
     let _ = rank.kill();
     let _ = rank.wait();
 }
+
+/// `--transport rdma`: where this build or machine has no RDMA, `serve` stops at once with one
+/// line naming `--transport tcp`; where it has (a build with `--features rdma` on a host with a
+/// device, e.g. Soft-RoCE: docs/transport.md), three ranks over RDMA give TCP's greedy text.
+#[test]
+fn rdma_runs_where_there_is_a_device_and_says_so_in_one_line_where_not() {
+    let started = Instant::now();
+    let rdma = try_start(
+        &[
+            "--ranks",
+            "3",
+            "--threads",
+            "1",
+            "--kv-tokens",
+            "4096",
+            "--transport",
+            "rdma",
+        ],
+        &[],
+    );
+    match rdma {
+        Err(text) => {
+            // `try_start` prefixes the exit status; the engine printed one line.
+            assert_eq!(text.lines().count(), 1, "{text}");
+            let last = text.split_once("sluice-engine: ").map_or("", |(_, l)| l);
+            assert!(last.ends_with("--transport tcp works"), "{text}");
+            assert!(
+                last.contains("no RDMA device") || last.contains("without RDMA support"),
+                "{text}"
+            );
+            assert!(!text.contains("panicked"), "{text}");
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "stopped only after {:?}",
+                started.elapsed()
+            );
+            println!("skipped the RDMA run: {last}");
+        }
+        Ok(rdma) => {
+            let tcp = three_ranks();
+            for p in &PROMPTS[4..] {
+                assert_eq!(
+                    complete(&rdma.addr, p, 24),
+                    complete(&tcp.addr, p, 24),
+                    "prompt {p:?}"
+                );
+            }
+        }
+    }
+}

@@ -20,7 +20,8 @@ use sluice_engine::pipeline::worker::{run_rank, RankOptions};
 use sluice_engine::pipeline::{LayerSplit, LocalDriver, Stage};
 use sluice_engine::scheduler::{EngineConfig, EngineHandle, Scheduler, SchedulerConfig};
 use sluice_engine::trace::otlp::{self, OtlpConfig, OtlpSettings};
-use sluice_engine::transport::DialOptions;
+use sluice_engine::transport::rdma::RdmaConfig;
+use sluice_engine::transport::{DataTransport, DialOptions};
 
 /// What every rank needs to know about the model and its share of memory.
 #[derive(Args, Debug, Clone)]
@@ -43,6 +44,71 @@ pub struct RankArgs {
     /// Fraction of the memory available after the weights given to each rank's KV pool.
     #[arg(long, default_value_t = 0.1)]
     mem_fraction: f64,
+    #[command(flatten)]
+    transport: TransportArgs,
+}
+
+/// What the data links between ranks run on (docs/transport.md).
+#[derive(Args, Debug, Clone)]
+pub struct TransportArgs {
+    /// `tcp`, or `rdma`: a reliable-connected queue pair per data link (a build with the
+    /// `rdma` feature, and an RDMA device on every rank).
+    #[arg(long, value_enum, default_value_t = TransportKind::Tcp)]
+    transport: TransportKind,
+    /// RDMA device name, e.g. mlx5_0 or rxe0 (default: the first device; port 1).
+    #[arg(long)]
+    rdma_device: Option<String>,
+    /// RDMA GID table index (RoCE needs one: the port's RoCE v2 entry, see `show_gids`).
+    #[arg(long)]
+    rdma_gid_index: Option<u32>,
+    /// RDMA receive slots per data link: how many sends may be in flight.
+    #[arg(long, default_value_t = RdmaConfig::default().slots)]
+    rdma_slots: u32,
+    /// Bytes per RDMA slot; a larger message takes several.
+    #[arg(long, default_value_t = RdmaConfig::default().slot_bytes)]
+    rdma_slot_bytes: u32,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum TransportKind {
+    Tcp,
+    Rdma,
+}
+
+impl TransportArgs {
+    fn data_transport(&self) -> DataTransport {
+        match self.transport {
+            TransportKind::Tcp => DataTransport::Tcp,
+            TransportKind::Rdma => DataTransport::Rdma(RdmaConfig {
+                device: self.rdma_device.clone(),
+                gid_index: self.rdma_gid_index,
+                slots: self.rdma_slots,
+                slot_bytes: self.rdma_slot_bytes,
+            }),
+        }
+    }
+
+    /// The same choice for a child rank.
+    fn child_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        if self.transport == TransportKind::Rdma {
+            a.extend([
+                "--transport".into(),
+                "rdma".into(),
+                "--rdma-slots".into(),
+                self.rdma_slots.to_string(),
+                "--rdma-slot-bytes".into(),
+                self.rdma_slot_bytes.to_string(),
+            ]);
+            if let Some(d) = &self.rdma_device {
+                a.extend(["--rdma-device".into(), d.clone()]);
+            }
+            if let Some(g) = self.rdma_gid_index {
+                a.extend(["--rdma-gid-index".into(), g.to_string()]);
+            }
+        }
+        a
+    }
 }
 
 impl RankArgs {
@@ -75,6 +141,7 @@ impl RankArgs {
         if let Some(t) = self.kv_tokens {
             a.extend(["--kv-tokens".into(), t.to_string()]);
         }
+        a.extend(self.transport.child_args());
         a
     }
 }
@@ -146,6 +213,8 @@ pub fn rank(args: RankCmdArgs) -> Result<()> {
     let Ok(secret) = std::env::var(SECRET_ENV) else {
         bail!("set {SECRET_ENV} to the cluster secret shared by all ranks");
     };
+    let transport = args.rank.transport.data_transport();
+    transport.check()?;
     let opts = RankOptions {
         rank: args.index,
         n_ranks: args.rank.ranks,
@@ -155,6 +224,7 @@ pub fn rank(args: RankCmdArgs) -> Result<()> {
         threads: args.rank.threads(),
         kv: args.rank.kv(),
         secret: secret.into_bytes(),
+        transport,
     };
     run_rank(&opts, |addr| {
         use std::io::Write;
@@ -170,6 +240,10 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         exit_with_parent();
     }
     let r = &args.rank;
+    let transport = r.transport.data_transport();
+    if r.ranks > 1 {
+        transport.check()?;
+    }
     let path = r.model_path();
     let gguf = Arc::new(GgufFile::open(&path)?);
     let cfg = LlamaConfig::from_gguf(&gguf)?;
@@ -237,6 +311,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             model_sha256: file_sha256(&path)?,
             secret: secret.into_bytes(),
             dial: DialOptions::default(),
+            transport,
         };
         let d = RemoteDriver::connect(model, split.clone(), own_blocks, &peers, inbox.0.clone())?;
         let n = d.kv_tokens() / sluice_engine::kv::BLOCK_SIZE;
