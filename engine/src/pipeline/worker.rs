@@ -28,6 +28,8 @@ pub struct RankOptions {
     /// `--layers` (default: an even split).
     pub layers: Option<String>,
     pub threads: usize,
+    /// Other ranks' threads share this rank's cores: its idle workers park at once.
+    pub shared_cores: bool,
     pub kv: KvBudget,
     pub secret: Vec<u8>,
     /// What this rank's data links (from the previous rank, to the next) run on.
@@ -82,7 +84,11 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
     let sha = file_sha256(&opts.model)?;
     let model = Llama::load(
         gguf,
-        Arc::new(CpuBackend::new(opts.threads)),
+        Arc::new(if opts.shared_cores {
+            CpuBackend::sharing_cores(opts.threads)
+        } else {
+            CpuBackend::new(opts.threads)
+        }),
         split.part(opts.rank),
     )?;
     let capacity = blocks_for(opts.kv, split.range(opts.rank).len(), cfg.kv_dim())?;

@@ -25,6 +25,14 @@ impl CpuBackend {
         }
     }
 
+    /// A backend whose threads share their cores with other busy threads (several pipeline
+    /// ranks on one host): its idle workers park at once instead of spinning.
+    pub fn sharing_cores(n_threads: usize) -> Self {
+        Self {
+            pool: ThreadPool::sharing_cores(n_threads.max(1)),
+        }
+    }
+
     pub fn n_threads(&self) -> usize {
         self.pool.n_threads()
     }

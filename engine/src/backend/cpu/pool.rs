@@ -5,6 +5,12 @@
 //! between calls and only park (on a condition variable) after [`SPIN_TIME`] without work, so an
 //! idle engine does not keep its cores busy.
 //!
+//! Except when the pool shares its cores ([`ThreadPool::sharing_cores`]): pipeline ranks on one
+//! host that together run more threads than it has cores (each rank takes all the cores, for
+//! the moments it computes alone). There a spinning worker would hold a core another rank's
+//! thread needs, so idle workers park at once; a dispatch then wakes them (a few microseconds),
+//! and a worker that wakes late leaves its share to the caller, as always.
+//!
 //! # Protocol
 //!
 //! One atomic word, `state`, holds the job's epoch, an `OPEN` flag and the number of workers
@@ -79,7 +85,9 @@ struct Shared {
     panicked: AtomicBool,
     /// The first panic payload of the current job.
     panic_payload: Mutex<Option<Box<dyn Any + Send>>>,
-    /// Parking: workers that found no work for `SPIN_TIME` wait here.
+    /// How long an idle worker spins before it parks: [`SPIN_TIME`], or zero when sharing cores.
+    spin: Duration,
+    /// Parking: workers that found no work for `spin` wait here.
     sleep_lock: Mutex<()>,
     sleep_cv: Condvar,
     sleepers: AtomicUsize,
@@ -159,6 +167,16 @@ impl ThreadPool {
     /// Starts a pool of `n_threads` threads in total, counting the caller of [`ThreadPool::run`];
     /// `n_threads <= 1` starts no worker and runs everything inline.
     pub fn new(n_threads: usize) -> ThreadPool {
+        Self::start(n_threads, SPIN_TIME)
+    }
+
+    /// As [`ThreadPool::new`], for a pool whose cores other busy threads share: idle workers
+    /// park at once instead of spinning.
+    pub fn sharing_cores(n_threads: usize) -> ThreadPool {
+        Self::start(n_threads, Duration::ZERO)
+    }
+
+    fn start(n_threads: usize, spin: Duration) -> ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
             state: StateWord(AtomicU64::new(0)),
@@ -169,6 +187,7 @@ impl ThreadPool {
                 .collect(),
             panicked: AtomicBool::new(false),
             panic_payload: Mutex::new(None),
+            spin,
             sleep_lock: Mutex::new(()),
             sleep_cv: Condvar::new(),
             sleepers: AtomicUsize::new(0),
@@ -304,7 +323,7 @@ fn worker_loop(sh: &Shared, me: usize) {
             }
             let now = Instant::now();
             let since = *idle_since.get_or_insert(now);
-            if now.duration_since(since) < SPIN_TIME {
+            if now.duration_since(since) < sh.spin {
                 continue;
             }
             // Park until the next dispatch or shutdown.
@@ -366,20 +385,31 @@ mod tests {
         }
     }
 
+    /// A spinning pool and one sharing its cores (workers parking at once).
+    fn both_kinds(threads: usize) -> [ThreadPool; 2] {
+        [ThreadPool::new(threads), ThreadPool::sharing_cores(threads)]
+    }
+
     #[test]
     fn runs_every_task_once() {
         for threads in [1, 2, 3] {
-            let pool = ThreadPool::new(threads);
-            assert_eq!(pool.n_threads(), threads);
-            for n in [0, 1, 2, 3, 7, 64, 1000] {
-                check_each_once(&pool, n);
+            for pool in both_kinds(threads) {
+                assert_eq!(pool.n_threads(), threads);
+                for n in [0, 1, 2, 3, 7, 64, 1000] {
+                    check_each_once(&pool, n);
+                }
             }
         }
     }
 
     #[test]
     fn many_dispatches_without_deadlock() {
-        let pool = ThreadPool::new(2);
+        for pool in both_kinds(2) {
+            many_dispatches(&pool);
+        }
+    }
+
+    fn many_dispatches(pool: &ThreadPool) {
         let total = AtomicUsize::new(0);
         for round in 0..10_000 {
             let n = 1 + round % 9;
@@ -407,16 +437,17 @@ mod tests {
 
     #[test]
     fn both_threads_participate() {
-        let pool = ThreadPool::new(2);
-        let ids = Mutex::new(std::collections::HashSet::new());
-        // Tasks that take long enough for the worker to join.
-        for _ in 0..50 {
-            pool.run(8, &|_| {
-                lock(&ids).insert(std::thread::current().id());
-                std::thread::sleep(Duration::from_micros(200));
-            });
+        for pool in both_kinds(2) {
+            let ids = Mutex::new(std::collections::HashSet::new());
+            // Tasks that take long enough for the worker to join (a parked one too).
+            for _ in 0..50 {
+                pool.run(8, &|_| {
+                    lock(&ids).insert(std::thread::current().id());
+                    std::thread::sleep(Duration::from_micros(200));
+                });
+            }
+            assert_eq!(lock(&ids).len(), 2);
         }
-        assert_eq!(lock(&ids).len(), 2);
     }
 
     #[test]

@@ -35,9 +35,15 @@ pub struct RankArgs {
     /// Blocks per rank, e.g. `0-9,10-19,20-29` (default: an even split).
     #[arg(long)]
     layers: Option<String>,
-    /// Compute threads per rank (default: cores / ranks, at least 1).
+    /// Compute threads per rank (default: all the cores: a rank computing alone, as with a
+    /// lone request, gets the whole machine).
     #[arg(long)]
     threads: Option<usize>,
+    /// This rank's threads share their cores with other ranks' (set by `serve` for the ranks it
+    /// starts when they run more threads than the host has cores): idle workers park at once
+    /// instead of spinning.
+    #[arg(long)]
+    shared_cores: bool,
     /// KV pool size in tokens (overrides --mem-fraction).
     #[arg(long)]
     kv_tokens: Option<usize>,
@@ -117,8 +123,16 @@ impl RankArgs {
     }
 
     fn threads(&self) -> usize {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        self.threads.unwrap_or((cores / self.ranks.max(1)).max(1))
+        self.threads.unwrap_or_else(cores).max(1)
+    }
+
+    /// The CPU backend for this rank's threads.
+    fn backend(&self) -> CpuBackend {
+        if self.shared_cores {
+            CpuBackend::sharing_cores(self.threads())
+        } else {
+            CpuBackend::new(self.threads())
+        }
     }
 
     fn kv(&self) -> KvBudget {
@@ -140,6 +154,9 @@ impl RankArgs {
         ];
         if let Some(t) = self.kv_tokens {
             a.extend(["--kv-tokens".into(), t.to_string()]);
+        }
+        if self.shared_cores {
+            a.push("--shared-cores".into());
         }
         a.extend(self.transport.child_args());
         a
@@ -193,6 +210,11 @@ pub struct RankCmdArgs {
     exit_with_parent: bool,
 }
 
+/// This host's cores.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// The cluster secret: from the environment, or a fresh random one for local child ranks.
 fn secret() -> String {
     std::env::var(SECRET_ENV).unwrap_or_else(|_| {
@@ -222,6 +244,7 @@ pub fn rank(args: RankCmdArgs) -> Result<()> {
         model: args.rank.model_path(),
         layers: args.rank.layers.clone(),
         threads: args.rank.threads(),
+        shared_cores: args.rank.shared_cores,
         kv: args.rank.kv(),
         secret: secret.into_bytes(),
         transport,
@@ -235,9 +258,14 @@ pub fn rank(args: RankCmdArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn serve(args: ServeArgs) -> Result<()> {
+pub fn serve(mut args: ServeArgs) -> Result<()> {
     if args.exit_with_parent {
         exit_with_parent();
+    }
+    // Ranks started here share this host: with more threads in all than cores, none spins.
+    if args.rank_addrs.is_empty() && args.rank.ranks > 1 {
+        let r = &mut args.rank;
+        r.shared_cores |= r.ranks * r.threads() > cores();
     }
     let r = &args.rank;
     let transport = r.transport.data_transport();
@@ -264,17 +292,18 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         path.file_stem()
             .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
     });
-    let model = Llama::load(
-        gguf.clone(),
-        Arc::new(CpuBackend::new(r.threads())),
-        split.part(0),
-    )?;
+    let model = Llama::load(gguf.clone(), Arc::new(r.backend()), split.part(0))?;
     let own_blocks = blocks_for(r.kv(), split.range(0).len(), cfg.kv_dim())?;
     eprintln!(
-        "rank 0: blocks {:?}, {:.1} MiB of weights, {} threads",
+        "rank 0: blocks {:?}, {:.1} MiB of weights, {} threads{}",
         split.bounds(0),
         model.weight_bytes() as f64 / (1 << 20) as f64,
-        r.threads()
+        r.threads(),
+        if r.shared_cores {
+            " (sharing cores with the other ranks)"
+        } else {
+            ""
+        }
     );
 
     let inbox = channel();
