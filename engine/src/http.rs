@@ -1,17 +1,23 @@
 //! Serving HTTP: the accept loop and graceful drain shared by the engine's server and the
 //! gateway's. Each connection is handed to the caller's closure with a [`Watcher`]; on shutdown
 //! the listener closes, every watched connection finishes its requests in flight (streams
-//! included) and closes, and the loop returns.
+//! included) and closes, and the loop returns. A connection watched with an [`Idle`] also
+//! closes gracefully (GOAWAY on HTTP/2) once it has had no request in flight for its limit.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-pub use hyper_util::server::graceful::Watcher;
+use hyper_util::server::graceful::GracefulConnection;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio::time::{Instant, Sleep};
 
 /// The most an HTTP/1.1 request's head (request line and headers) may take; past it the
 /// client gets 431. HTTP/2 has its own bound, hyper's 16 KiB header list.
@@ -49,7 +55,7 @@ where
     F: FnMut(TcpStream, Watcher) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let graceful = GracefulShutdown::new();
+    let (stop, stopping) = watch::channel(false);
     let mut conns = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -58,7 +64,7 @@ where
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => {
                     let _ = stream.set_nodelay(true);
-                    conns.spawn(serve(stream, graceful.watcher()));
+                    conns.spawn(serve(stream, Watcher(stopping.clone())));
                 }
                 Err(e) => accept_error(e).await,
             },
@@ -66,10 +72,8 @@ where
         }
     }
     drop(listener);
-    let drained = async {
-        graceful.shutdown().await;
-        while conns.join_next().await.is_some() {}
-    };
+    let _ = stop.send(true);
+    let drained = async { while conns.join_next().await.is_some() {} };
     match drain {
         None => drained.await,
         Some(limit) => {
@@ -91,5 +95,183 @@ async fn accept_error(e: std::io::Error) {
             tracing::warn!("accept failed: {e}; retrying");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+/// What a connection watches: the server's shutdown.
+#[derive(Clone, Debug)]
+pub struct Watcher(watch::Receiver<bool>);
+
+impl Watcher {
+    /// Drives `conn` to its end, shutting it down gracefully (requests in flight finish, then
+    /// it closes) when the server shuts down. The future resolves to the connection's own
+    /// result (an error: a client that broke the protocol or went away).
+    pub fn watch<C: GracefulConnection>(self, conn: C) -> Watched<C> {
+        Watched::new(conn, self, None)
+    }
+
+    /// As [`Watcher::watch`], and also shuts the connection down gracefully once `idle` says
+    /// it has had no request in flight for its limit.
+    pub fn watch_idle<C: GracefulConnection>(self, conn: C, idle: Idle) -> Watched<C> {
+        Watched::new(conn, self, Some(idle))
+    }
+}
+
+/// A connection driven under a [`Watcher`] (a hand-written future rather than an `async fn`,
+/// whose `Send` proof trips over hyper's higher-ranked error bounds).
+pub struct Watched<C> {
+    conn: Pin<Box<C>>,
+    /// Resolves when the server shuts down.
+    stop: Pin<Box<dyn Future<Output = ()> + Send>>,
+    idle: Option<(Idle, Pin<Box<Sleep>>)>,
+    closing: bool,
+}
+
+impl<C> std::fmt::Debug for Watched<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watched")
+            .field("idle", &self.idle.as_ref().map(|(i, _)| i))
+            .field("closing", &self.closing)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: GracefulConnection> Watched<C> {
+    fn new(conn: C, watcher: Watcher, idle: Option<Idle>) -> Self {
+        let mut rx = watcher.0;
+        Self {
+            conn: Box::pin(conn),
+            stop: Box::pin(async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            }),
+            idle: idle.map(|i| (i, Box::pin(tokio::time::sleep(Duration::ZERO)))),
+            closing: false,
+        }
+    }
+}
+
+impl<C: GracefulConnection> Future for Watched<C> {
+    type Output = Result<(), C::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        loop {
+            if let Poll::Ready(done) = this.conn.as_mut().poll(cx) {
+                return Poll::Ready(done);
+            }
+            if this.closing {
+                return Poll::Pending;
+            }
+            let stop = this.stop.as_mut().poll(cx).is_ready();
+            let idle = match &mut this.idle {
+                Some((idle, timer)) => match idle.closes_at() {
+                    Some(at) if at <= Instant::now() => true,
+                    at => {
+                        // While a request is in flight, look again after a whole limit.
+                        timer
+                            .as_mut()
+                            .reset(at.unwrap_or_else(|| Instant::now() + idle.limit));
+                        // Registers the wake-up; a deadline already past loops once more.
+                        if timer.as_mut().poll(cx).is_ready() {
+                            continue;
+                        }
+                        false
+                    }
+                },
+                None => false,
+            };
+            if !(stop || idle) {
+                return Poll::Pending;
+            }
+            // Polled again at the top: the connection starts its graceful close.
+            this.conn.as_mut().graceful_shutdown();
+            this.closing = true;
+        }
+    }
+}
+
+/// One connection's requests in flight, and since when it has had none: what closes an idle
+/// connection ([`Watcher::watch_idle`]).
+#[derive(Clone, Debug)]
+pub struct Idle {
+    limit: Duration,
+    state: Arc<IdleState>,
+}
+
+#[derive(Debug)]
+struct IdleState {
+    in_flight: AtomicUsize,
+    /// When the last request in flight ended (or the connection opened).
+    since: Mutex<Instant>,
+}
+
+impl Idle {
+    /// A connection that may stay `limit` without a request in flight.
+    pub fn new(limit: Duration) -> Self {
+        Self {
+            limit,
+            state: Arc::new(IdleState {
+                in_flight: AtomicUsize::new(0),
+                since: Mutex::new(Instant::now()),
+            }),
+        }
+    }
+
+    /// A request is in flight until the returned guard drops (keep it with the response body,
+    /// so that a stream counts until its last byte).
+    pub fn busy(&self) -> Busy {
+        self.state.in_flight.fetch_add(1, Ordering::SeqCst);
+        Busy(self.state.clone())
+    }
+
+    /// When the connection will have been idle for its limit; `None` while a request is in
+    /// flight.
+    pub fn closes_at(&self) -> Option<Instant> {
+        if self.state.in_flight.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        let since = *self
+            .state
+            .since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Some(since + self.limit)
+    }
+}
+
+/// A request in flight on an [`Idle`] connection.
+#[derive(Debug)]
+pub struct Busy(Arc<IdleState>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut since = self.0.since.lock().unwrap_or_else(PoisonError::into_inner);
+        *since = Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_counts_from_the_end_of_the_last_request() {
+        let idle = Idle::new(Duration::from_secs(60));
+        let opened = Instant::now();
+        assert_eq!(idle.closes_at(), Some(opened + Duration::from_secs(60)));
+        let a = idle.busy();
+        let b = idle.busy();
+        tokio::time::advance(Duration::from_secs(90)).await;
+        assert_eq!(idle.closes_at(), None, "requests in flight");
+        drop(a);
+        assert_eq!(idle.closes_at(), None, "one still in flight");
+        tokio::time::advance(Duration::from_secs(10)).await;
+        drop(b);
+        assert_eq!(
+            idle.closes_at(),
+            Some(opened + Duration::from_secs(160)),
+            "60 s after the last one ended"
+        );
     }
 }

@@ -1,7 +1,11 @@
 //! The listener: TLS (rustls, ALPN h2/http1.1) or, only when asked, plain HTTP; hyper's
 //! auto builder serves HTTP/1.1 and HTTP/2 on each connection; graceful shutdown lets the
-//! requests in flight finish (streams included) up to the drain timeout.
+//! requests in flight finish (streams included) up to the drain timeout. A connection with no
+//! request in flight for `server.idle_timeout` is closed gracefully (GOAWAY on HTTP/2; an idle
+//! HTTP/1.1 connection is also bounded by the header timeout), so idle connections cannot
+//! pile up.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,11 +13,14 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use sluice_engine::http::{accept_loop, connection_builder, Watcher};
+use sluice_engine::http::{accept_loop, connection_builder, Busy, Idle, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
+use http_body_util::BodyExt;
+
+use crate::body::{Tap, TapBody};
 use crate::routes::Router;
 
 /// How long a client may take to finish the TLS handshake or send a request's headers.
@@ -70,12 +77,28 @@ async fn serve_connection<IO>(
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let idle = Idle::new(router.app.policy.current().policy.server.idle_timeout);
+    let activity = idle.clone();
     let service = service_fn(move |req| {
         let router = router.clone();
-        async move { router.handle(req).await }
+        // Counted from the request's arrival until its response body's end (or drop).
+        let busy = activity.busy();
+        async move {
+            let resp = router.handle(req).await?;
+            Ok::<_, Infallible>(
+                resp.map(|body| TapBody::new(body, Held { _busy: busy }).boxed_unsync()),
+            )
+        }
     });
     let conn = builder.serve_connection(TokioIo::new(io), service);
-    if let Err(e) = watcher.watch(conn).await {
+    if let Err(e) = watcher.watch_idle(conn, idle).await {
         tracing::debug!("connection: {e}");
     }
 }
+
+/// Holds a connection's [`Busy`] mark until the response body ends or is dropped.
+struct Held {
+    _busy: Busy,
+}
+
+impl Tap for Held {}

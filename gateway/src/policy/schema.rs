@@ -36,6 +36,10 @@ pub struct Server {
     /// How long shutdown waits for requests in flight before closing connections.
     #[serde(with = "super::duration")]
     pub drain_timeout: Duration,
+    /// How long a client connection may stay open with no request in flight before it is
+    /// closed gracefully (read when the connection opens).
+    #[serde(with = "super::duration")]
+    pub idle_timeout: Duration,
 }
 
 impl Default for Server {
@@ -46,6 +50,7 @@ impl Default for Server {
             tls_key: None,
             body_limit_bytes: 4 << 20,
             drain_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(75),
         }
     }
 }

@@ -176,6 +176,11 @@ refused!(
     "server.tls_cert"
 );
 refused!(
+    server_idle_timeout_zero,
+    "[server]\nidle_timeout = \"0s\"",
+    "server.idle_timeout"
+);
+refused!(
     server_drain_timeout_over_1h,
     "[server]\ndrain_timeout = \"2h\"",
     "server.drain_timeout"

@@ -15,7 +15,8 @@ use super::schema::{
     Admin, Admission, Alerts, Limits, Policy, Server, Tenant, Traces, Upstream, UpstreamKind,
 };
 
-/// The longest `admission.queue_wait_max`, `server.drain_timeout` and `upstream.start_timeout`.
+/// The longest `admission.queue_wait_max`, `server.drain_timeout`, `server.idle_timeout` and
+/// `upstream.start_timeout`.
 pub const DURATION_MAX: Duration = Duration::from_secs(3600);
 /// The smallest `server.body_limit_bytes`: a chat request with a short prompt must fit.
 pub const BODY_LIMIT_MIN: usize = 1024;
@@ -129,6 +130,7 @@ fn server(s: &Server, out: &mut Problems) {
         }
     }
     out.duration("server.drain_timeout", s.drain_timeout, DURATION_MAX, true);
+    out.duration("server.idle_timeout", s.idle_timeout, DURATION_MAX, false);
 }
 
 fn limits(l: &Limits, out: &mut Problems) {

@@ -236,3 +236,75 @@ async fn http2_floods_and_resets_leave_nothing_held() {
     gw.assert_accounted().await;
     gw.shutdown().await;
 }
+
+/// Idle connections do not pile up: an HTTP/2 connection with nothing in flight for
+/// `server.idle_timeout` is closed (GOAWAY), while one whose stream is still open stays, and
+/// closes in turn once its stream has ended and the limit has passed again.
+#[tokio::test]
+async fn idle_http2_connections_are_closed_but_never_under_a_stream() {
+    let limit = Duration::from_millis(400);
+    let mut up = crate::common::ScriptedUpstream::start().await;
+    let mut policy = super::hostile_policy();
+    policy.server.idle_timeout = limit;
+    let gw = crate::common::Gateway::start(policy, up.upstream()).await;
+
+    let mut idle = crate::common::h2_connection(gw.addr).await;
+    let get = Request::get("https://localhost/healthz")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let resp = idle.send_request(get).await.expect("answer");
+    assert_eq!(resp.status(), StatusCode::OK);
+
+    let mut busy = crate::common::h2_connection(gw.addr).await;
+    let post = Request::post("https://localhost/v1/chat/completions")
+        .header("authorization", format!("Bearer {KEY}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(crate::common::chat().to_string())))
+        .expect("request");
+    let stream = tokio::spawn(async move {
+        let resp = busy.send_request(post).await.expect("answer");
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .expect("body")
+            .to_bytes();
+        (busy, body)
+    });
+    let mut arrival = up
+        .arrivals
+        .recv()
+        .await
+        .expect("the stream reached the upstream");
+    arrival
+        .tx
+        .send_data(Bytes::from_static(b"data: {}\n\n"))
+        .await
+        .expect("chunk");
+
+    tokio::time::sleep(limit * 3).await;
+    assert!(idle.is_closed(), "the idle connection is still open");
+    assert!(!stream.is_finished(), "the stream ended early");
+
+    // The stream ends; its connection is idle from then on.
+    arrival
+        .tx
+        .send_data(Bytes::from_static(b"data: [DONE]\n\n"))
+        .await
+        .expect("chunk");
+    drop(arrival);
+    // Later requests get an answer at once.
+    tokio::spawn(async move {
+        while let Some(mut a) = up.arrivals.recv().await {
+            let _ =
+                a.tx.send_data(Bytes::from_static(b"data: [DONE]\n\n"))
+                    .await;
+        }
+    });
+    let (busy, body) = stream.await.expect("task");
+    assert!(body.ends_with(b"data: [DONE]\n\n"), "{body:?}");
+    assert!(!busy.is_closed(), "closed as soon as the stream ended");
+    tokio::time::sleep(limit * 3).await;
+    assert!(busy.is_closed(), "the connection stayed open once idle");
+    still_serves(&gw).await;
+    gw.assert_accounted().await;
+    gw.shutdown().await;
+}

@@ -22,7 +22,7 @@ use catalogue::{Case, Want, ADMIN_KEY, BODY_LIMIT, KEY, PROMPT, WRONG_KEY};
 use logs::Logs;
 
 /// One tenant, an admin key, a small body limit.
-fn hostile_policy() -> Policy {
+pub(super) fn hostile_policy() -> Policy {
     let mut p = policy(4, 16);
     p.tenants.push(tenant("tenant", KEY));
     p.admin.api_key_sha256 = Some(sha256_hex(ADMIN_KEY));
