@@ -28,7 +28,7 @@ pub struct RankOptions {
     /// `--layers` (default: an even split).
     pub layers: Option<String>,
     pub threads: usize,
-    /// Other ranks' threads share this rank's cores: its idle workers park at once.
+    /// Other ranks' threads share this rank's cores: its idle workers spin only briefly.
     pub shared_cores: bool,
     pub kv: KvBudget,
     pub secret: Vec<u8>,

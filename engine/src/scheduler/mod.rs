@@ -30,7 +30,8 @@ pub struct SchedulerConfig {
     /// Rows per micro-batch (`--max-batch-tokens`): a long prompt is prefilled in chunks of
     /// at most this many tokens, so running decodes keep getting turns.
     pub max_batch_tokens: usize,
-    /// Micro-batches in the pipeline at once (the number of ranks).
+    /// Micro-batches in the pipeline at once (`--micro-batches`: one per rank, or one when the
+    /// ranks share their cores).
     pub max_in_flight: usize,
     pub kv_blocks: usize,
 }

@@ -26,7 +26,7 @@ impl CpuBackend {
     }
 
     /// A backend whose threads share their cores with other busy threads (several pipeline
-    /// ranks on one host): its idle workers park at once instead of spinning.
+    /// ranks on one host): its idle workers spin only briefly before they park.
     pub fn sharing_cores(n_threads: usize) -> Self {
         Self {
             pool: ThreadPool::sharing_cores(n_threads.max(1)),

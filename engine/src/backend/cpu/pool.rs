@@ -7,9 +7,10 @@
 //!
 //! Except when the pool shares its cores ([`ThreadPool::sharing_cores`]): pipeline ranks on one
 //! host that together run more threads than it has cores (each rank takes all the cores, for
-//! the moments it computes alone). There a spinning worker would hold a core another rank's
-//! thread needs, so idle workers park at once; a dispatch then wakes them (a few microseconds),
-//! and a worker that wakes late leaves its share to the caller, as always.
+//! the moments it computes alone). There a worker spins only [`SHARED_SPIN_TIME`], enough to
+//! bridge the gap between one kernel and the next within a rank's turn, then parks so as not to
+//! hold a core another rank's thread needs; a worker that wakes late leaves its share to the
+//! caller, as always.
 //!
 //! # Protocol
 //!
@@ -38,6 +39,8 @@ use std::time::{Duration, Instant};
 
 /// How long an idle worker spins before parking.
 const SPIN_TIME: Duration = Duration::from_micros(100);
+/// The same, for a pool sharing its cores with other ranks' pools.
+const SHARED_SPIN_TIME: Duration = Duration::from_micros(20);
 /// How long the dispatcher spins waiting for workers to finish before yielding its core.
 const WAIT_SPIN_TIME: Duration = Duration::from_micros(50);
 /// Bit flag in `state`: the current job accepts new workers.
@@ -85,7 +88,7 @@ struct Shared {
     panicked: AtomicBool,
     /// The first panic payload of the current job.
     panic_payload: Mutex<Option<Box<dyn Any + Send>>>,
-    /// How long an idle worker spins before it parks: [`SPIN_TIME`], or zero when sharing cores.
+    /// How long an idle worker spins before it parks: [`SPIN_TIME`], or [`SHARED_SPIN_TIME`].
     spin: Duration,
     /// Parking: workers that found no work for `spin` wait here.
     sleep_lock: Mutex<()>,
@@ -171,9 +174,9 @@ impl ThreadPool {
     }
 
     /// As [`ThreadPool::new`], for a pool whose cores other busy threads share: idle workers
-    /// park at once instead of spinning.
+    /// park after [`SHARED_SPIN_TIME`].
     pub fn sharing_cores(n_threads: usize) -> ThreadPool {
-        Self::start(n_threads, Duration::ZERO)
+        Self::start(n_threads, SHARED_SPIN_TIME)
     }
 
     fn start(n_threads: usize, spin: Duration) -> ThreadPool {

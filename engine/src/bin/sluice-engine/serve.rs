@@ -40,8 +40,8 @@ pub struct RankArgs {
     #[arg(long)]
     threads: Option<usize>,
     /// This rank's threads share their cores with other ranks' (set by `serve` for the ranks it
-    /// starts when they run more threads than the host has cores): idle workers park at once
-    /// instead of spinning.
+    /// starts when they run more threads than the host has cores): idle workers spin only
+    /// briefly before they park.
     #[arg(long)]
     shared_cores: bool,
     /// KV pool size in tokens (overrides --mem-fraction).
@@ -180,6 +180,11 @@ pub struct ServeArgs {
     /// Tokens per micro-batch (long prompts are prefilled in chunks of this size).
     #[arg(long, default_value_t = 512)]
     max_batch_tokens: usize,
+    /// Micro-batches in the pipeline at once (default: one per rank, so that every stage
+    /// computes at once; when the ranks share this host's cores, as many as the cores can
+    /// compute at once, cores / threads: more would add no compute and only split the batch).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    micro_batches: Option<u64>,
     /// Prompt + max_tokens above this is refused (a protection limit).
     #[arg(long, default_value_t = 12_288)]
     context_window: usize,
@@ -354,7 +359,14 @@ pub fn serve(mut args: ServeArgs) -> Result<()> {
     let sched_cfg = SchedulerConfig {
         max_running: args.max_running,
         max_batch_tokens: args.max_batch_tokens,
-        max_in_flight: split.n_ranks(),
+        max_in_flight: args.micro_batches.map_or(
+            if r.shared_cores {
+                (cores() / r.threads()).clamp(1, split.n_ranks())
+            } else {
+                split.n_ranks()
+            },
+            |n| n as usize,
+        ),
         kv_blocks,
     };
     let engine_cfg = EngineConfig {
