@@ -84,11 +84,7 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
     let sha = file_sha256(&opts.model)?;
     let model = Llama::load(
         gguf,
-        Arc::new(if opts.shared_cores {
-            CpuBackend::sharing_cores(opts.threads)
-        } else {
-            CpuBackend::new(opts.threads)
-        }),
+        Arc::new(CpuBackend::for_rank(opts.threads, opts.shared_cores)),
         split.part(opts.rank),
     )?;
     let capacity = blocks_for(opts.kv, split.range(opts.rank).len(), cfg.kv_dim())?;

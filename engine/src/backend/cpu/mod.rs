@@ -25,9 +25,13 @@ impl CpuBackend {
         }
     }
 
-    /// A backend whose threads share their cores with other busy threads (several pipeline
-    /// ranks on one host): its idle workers spin only briefly before they park.
-    pub fn sharing_cores(n_threads: usize) -> Self {
+    /// A pipeline rank's backend: as [`CpuBackend::new`], or, when `shared_cores` (other ranks'
+    /// busy threads share these cores), one whose idle workers spin only briefly before they
+    /// park.
+    pub fn for_rank(n_threads: usize, shared_cores: bool) -> Self {
+        if !shared_cores {
+            return Self::new(n_threads);
+        }
         Self {
             pool: ThreadPool::sharing_cores(n_threads.max(1)),
         }

@@ -126,15 +126,6 @@ impl RankArgs {
         self.threads.unwrap_or_else(cores).max(1)
     }
 
-    /// The CPU backend for this rank's threads.
-    fn backend(&self) -> CpuBackend {
-        if self.shared_cores {
-            CpuBackend::sharing_cores(self.threads())
-        } else {
-            CpuBackend::new(self.threads())
-        }
-    }
-
     fn kv(&self) -> KvBudget {
         self.kv_tokens
             .map_or(KvBudget::MemFraction(self.mem_fraction), KvBudget::Tokens)
@@ -297,7 +288,11 @@ pub fn serve(mut args: ServeArgs) -> Result<()> {
         path.file_stem()
             .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
     });
-    let model = Llama::load(gguf.clone(), Arc::new(r.backend()), split.part(0))?;
+    let model = Llama::load(
+        gguf.clone(),
+        Arc::new(CpuBackend::for_rank(r.threads(), r.shared_cores)),
+        split.part(0),
+    )?;
     let own_blocks = blocks_for(r.kv(), split.range(0).len(), cfg.kv_dim())?;
     eprintln!(
         "rank 0: blocks {:?}, {:.1} MiB of weights, {} threads{}",
