@@ -40,7 +40,7 @@ use ibverbs::{
     MemoryRegion, PreparedQueuePair, ProtectionDomain, QueuePair, QueuePairEndpoint,
 };
 
-use super::verbs::{Completion, QpInfo, RdmaConfig, Verbs};
+use super::verbs::{gather, gathered_len, Completion, QpInfo, RdmaConfig, Verbs};
 use super::USE_TCP;
 use crate::error::{Error, Result};
 
@@ -538,19 +538,19 @@ impl Verbs for IbvVerbs {
         }
     }
 
-    fn post_send(&self, slot: usize, bytes: &[u8]) -> Result<()> {
+    fn post_send(&self, slot: usize, parts: &[&[u8]]) -> Result<()> {
         self.check_slot(slot)?;
-        if bytes.len() > self.slot_bytes {
+        let len = gathered_len(parts);
+        if len > self.slot_bytes {
             return Err(Error::Transport(format!(
-                "RDMA send of {} bytes does not fit a {}-byte slot",
-                bytes.len(),
+                "RDMA send of {len} bytes does not fit a {}-byte slot",
                 self.slot_bytes
             )));
         }
         let start = slot * self.slot_bytes;
-        let range = start..start + bytes.len();
+        let range = start..start + len;
         let mut region = lock(&self.send);
-        region[range.clone()].copy_from_slice(bytes);
+        gather(&mut region[range.clone()], parts);
         let mut state = lock(&self.qp);
         let Qp::Connected(qp) = &mut *state else {
             return Err(self.not_ready(&state));
@@ -753,7 +753,7 @@ mod tests {
                 "{info:?}"
             );
             assert!(
-                verbs.post_send(0, b"early").is_err(),
+                verbs.post_send(0, &[b"early"]).is_err(),
                 "a send before connect"
             );
             for slot in 0..4 {
@@ -774,7 +774,7 @@ mod tests {
         }
         let big = vec![0x5a; 4096];
         for (from, to, slot, bytes) in [(&a, &b, 2, &b"hello"[..]), (&b, &a, 3, &big[..])] {
-            if let Err(e) = from.post_send(slot, bytes) {
+            if let Err(e) = from.post_send(slot, &[bytes]) {
                 panic!("sending from slot {slot}: {e}");
             }
             let sent = wait_for(&**from, 1);
@@ -794,7 +794,7 @@ mod tests {
             assert_eq!(&out[6..], bytes);
         }
         assert!(
-            a.post_send(0, &vec![0; 4097]).is_err(),
+            a.post_send(0, &[&vec![0; 4097]]).is_err(),
             "a send larger than a slot"
         );
     }

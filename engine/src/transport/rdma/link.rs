@@ -99,15 +99,12 @@ impl Inner {
         let mut seq = lock(&self.sending);
         let per = self.peer_slot_bytes - FRAGMENT_HEADER;
         let n = bytes.len().div_ceil(per);
-        let mut fragment = Vec::with_capacity(self.peer_slot_bytes);
         for (i, chunk) in bytes.chunks(per).enumerate() {
             let slot = self.take_slot()?;
-            fragment.clear();
-            fragment.extend_from_slice(&seq.to_le_bytes());
-            fragment.push(if i + 1 == n { LAST } else { 0 });
-            fragment.extend_from_slice(&[0; 3]);
-            fragment.extend_from_slice(chunk);
-            if let Err(e) = self.verbs.post_send(slot, &fragment) {
+            let mut header = [0u8; FRAGMENT_HEADER];
+            header[..4].copy_from_slice(&seq.to_le_bytes());
+            header[4] = if i + 1 == n { LAST } else { 0 };
+            if let Err(e) = self.verbs.post_send(slot, &[&header, chunk]) {
                 return Err(self.go_down(e));
             }
             *seq = seq.wrapping_add(1);

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use super::verbs::{Completion, QpInfo, RdmaConfig, Verbs};
+use super::verbs::{gather, gathered_len, Completion, QpInfo, RdmaConfig, Verbs};
 use crate::error::{Error, Result};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -144,9 +144,10 @@ impl Verbs for Loopback {
         Ok(())
     }
 
-    fn post_send(&self, slot: usize, bytes: &[u8]) -> Result<()> {
-        let range = self.range(slot, bytes.len())?;
-        lock(&self.qp.send)[range.clone()].copy_from_slice(bytes);
+    fn post_send(&self, slot: usize, parts: &[&[u8]]) -> Result<()> {
+        let len = gathered_len(parts);
+        let range = self.range(slot, len)?;
+        gather(&mut lock(&self.qp.send)[range.clone()], parts);
         let peer = {
             let st = lock(&self.qp.state);
             if st.failed {
@@ -178,12 +179,9 @@ impl Verbs for Loopback {
             return Ok(());
         };
         let sb = peer.info.slot_bytes as usize;
-        if bytes.len() > sb {
+        if len > sb {
             self.qp.complete(Completion::Failed {
-                reason: format!(
-                    "remote length error: {} bytes into a {sb}-byte slot",
-                    bytes.len()
-                ),
+                reason: format!("remote length error: {len} bytes into a {sb}-byte slot"),
             });
             return Ok(());
         }

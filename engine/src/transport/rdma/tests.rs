@@ -196,8 +196,8 @@ impl Verbs for Misaddressed {
     fn post_recv(&self, slot: usize) -> crate::error::Result<()> {
         self.0.post_recv(slot)
     }
-    fn post_send(&self, slot: usize, bytes: &[u8]) -> crate::error::Result<()> {
-        self.0.post_send(slot, bytes)
+    fn post_send(&self, slot: usize, parts: &[&[u8]]) -> crate::error::Result<()> {
+        self.0.post_send(slot, parts)
     }
     fn read_recv(&self, slot: usize, len: usize, out: &mut Vec<u8>) {
         self.0.read_recv(slot, len, out);

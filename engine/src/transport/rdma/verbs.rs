@@ -51,8 +51,10 @@ pub trait Verbs: Send + Sync {
     fn connect(&self, remote: &QpInfo) -> Result<()>;
     /// Posts receive slot `slot` for the next incoming send.
     fn post_recv(&self, slot: usize) -> Result<()>;
-    /// Copies `bytes` (at most `slot_bytes`) into send slot `slot` and posts a send of it.
-    fn post_send(&self, slot: usize, bytes: &[u8]) -> Result<()>;
+    /// Copies `parts`, one after another (at most `slot_bytes` in all), into send slot `slot`
+    /// and posts a send of them: a fragment's header and its payload go out without being
+    /// joined first.
+    fn post_send(&self, slot: usize, parts: &[&[u8]]) -> Result<()>;
     /// Copies the first `len` bytes of receive slot `slot` to the end of `out`.
     fn read_recv(&self, slot: usize, len: usize, out: &mut Vec<u8>);
     /// Moves finished work into `out`, waiting at most `wait` for the first.
@@ -80,5 +82,22 @@ impl Default for RdmaConfig {
             slots: 16,
             slot_bytes: 1 << 20,
         }
+    }
+}
+
+/// Bytes in `parts` in all (for the verbs implementations: `ibv`, and `loopback` in tests).
+#[cfg(any(test, feature = "rdma"))]
+pub(super) fn gathered_len(parts: &[&[u8]]) -> usize {
+    parts.iter().map(|p| p.len()).sum()
+}
+
+/// Copies `parts` one after another to the start of `dst` (which holds at least
+/// [`gathered_len`] bytes).
+#[cfg(any(test, feature = "rdma"))]
+pub(super) fn gather(dst: &mut [u8], parts: &[&[u8]]) {
+    let mut at = 0;
+    for p in parts {
+        dst[at..at + p.len()].copy_from_slice(p);
+        at += p.len();
     }
 }
