@@ -9,12 +9,21 @@
 use std::time::{Duration, Instant};
 
 use sluice_engine::backend::cpu::kernels::{
-    attend_rows, axpy, dot_f32, matmul, matmul_multi, simd_level, KvHead, QMatrix,
+    attend_rows, axpy, dot_f32, matmul, matmul_multi, simd_level, KvHead, LaneMatrix, QMatrix,
 };
 use sluice_engine::backend::cpu::pool::ThreadPool;
 use sluice_engine::dtype::GgmlType;
 
 const LAYERS: usize = 30;
+
+/// `w` with the lane-ordered copy the CPU backend makes of quantized weights (leaked: it lives
+/// as long as the benchmark).
+fn as_the_backend_holds(w: QMatrix<'_>) -> QMatrix<'_> {
+    match LaneMatrix::new(&w).expect("mapped") {
+        Some(lanes) => w.with_lanes(Box::leak(Box::new(lanes))),
+        None => w,
+    }
+}
 
 /// (name, dtype, cols, rows, uses per layer); the head is used once per token.
 const SHAPES: &[(&str, GgmlType, usize, usize, usize)] = &[
@@ -106,7 +115,7 @@ fn main() {
         }
         let data = random_weights(&mut rng, dtype, rows, cols);
         let w = match QMatrix::new(dtype, rows, cols, &data) {
-            Ok(w) => w,
+            Ok(w) => as_the_backend_holds(w),
             Err(e) => panic!("bad benchmark matrix: {e}"),
         };
         for (k, &m) in ms.iter().enumerate() {
@@ -155,7 +164,9 @@ fn main() {
         mk(&mut rng, 1536, 576),
         mk(&mut rng, 576, 1536),
     );
-    let q = |rows, cols, d| QMatrix::new(GgmlType::Q4_1, rows, cols, d).expect("valid");
+    let q = |rows, cols, d| {
+        as_the_backend_holds(QMatrix::new(GgmlType::Q4_1, rows, cols, d).expect("valid"))
+    };
     let qkv = [q(576, 576, &dq), q(192, 576, &dk), q(192, 576, &dv)];
     let gu = [q(1536, 576, &dg), q(1536, 576, &du)];
     let (wo, wd) = (q(576, 576, &dout), q(576, 1536, &dd));
@@ -207,6 +218,12 @@ fn attention_bench(budget: Duration) {
             .map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0)
             .collect();
         let v: Vec<f32> = k.iter().rev().copied().collect();
+        let bits = |x: &[f32]| -> Vec<u16> {
+            x.iter()
+                .map(|&x| half::f16::from_f32(x).to_bits())
+                .collect()
+        };
+        let (kb, vb) = (bits(&k), bits(&v));
         let q: Vec<f32> = (0..seqs * heads * hd)
             .map(|i| ((i * 31) % 200) as f32 / 100.0 - 1.0)
             .collect();
@@ -222,9 +239,10 @@ fn attention_bench(budget: Duration) {
             for t in &tables {
                 for kvh in 0..kv_heads {
                     let kv = KvHead {
-                        k: &k,
-                        v: &v,
+                        k: &kb,
+                        v: &vb,
                         stride,
+                        block_stride: bs * stride,
                         off: kvh * hd,
                         blocks: t,
                         block_size: bs,

@@ -105,46 +105,8 @@ impl Sampler {
     }
 }
 
-/// The index of the largest logit; the lowest index wins a tie.
-///
-/// Sixteen independent running maxima (one per lane of a vector register, so the compiler
-/// turns the loop into compares and blends) instead of one chain of dependent compares: at
-/// batch 8 the scalar loop over 8 × 49,152 logits was a visible share of each decode step.
-pub fn argmax(logits: &[f32]) -> u32 {
-    const LANES: usize = 16;
-    let mut best = [f32::NEG_INFINITY; LANES];
-    let mut at = [0u32; LANES];
-    let chunks = logits.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for (c, chunk) in chunks.enumerate() {
-        for l in 0..LANES {
-            // Strictly greater: within a lane the first occurrence stays.
-            if chunk[l] > best[l] {
-                best[l] = chunk[l];
-                at[l] = (c * LANES + l) as u32;
-            }
-        }
-    }
-    let base = logits.len() - tail.len();
-    let lanes = best.into_iter().zip(at);
-    let tail = tail
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (l, (base + i) as u32));
-    // Across lanes and the tail, the lowest index wins a tie; starting from index 0 keeps the
-    // scalar loop's answers for NaN and all -inf too.
-    let Some(&first) = logits.first() else {
-        return 0;
-    };
-    let (_, index) = lanes.chain(tail).fold((first, 0), |(w, wi), (v, i)| {
-        if v > w || (v == w && i < wi) {
-            (v, i)
-        } else {
-            (w, wi)
-        }
-    });
-    index
-}
+/// The index of the largest logit; the lowest index wins a tie (SIMD, on the CPU kernels).
+pub use crate::backend::cpu::kernels::argmax;
 
 /// `log softmax(logits)[i]`.
 pub fn log_prob(logits: &[f32], i: usize) -> f32 {
@@ -166,36 +128,6 @@ mod tests {
     fn greedy_is_argmax_with_lowest_index_on_ties() {
         let mut s = Sampler::new(SamplingParams::default());
         assert_eq!(s.sample(&[0.1, 3.0, -1.0, 3.0]), 1);
-    }
-
-    /// The lane-parallel argmax answers as the one-at-a-time loop does, ties and odd lengths
-    /// included.
-    #[test]
-    fn argmax_matches_the_scalar_loop() {
-        let scalar = |l: &[f32]| {
-            let mut best = 0;
-            for (i, &x) in l.iter().enumerate() {
-                if x > l[best] {
-                    best = i;
-                }
-            }
-            best as u32
-        };
-        let mut rng = Rng::new(7);
-        for len in [1, 2, 15, 16, 17, 33, 1000, 49_152] {
-            // Few distinct values, so ties across lanes and the tail are common.
-            let l: Vec<f32> = (0..len).map(|_| (rng.next_f32() * 8.0).floor()).collect();
-            assert_eq!(argmax(&l), scalar(&l), "len {len}");
-        }
-        assert_eq!(argmax(&[]), 0);
-        assert_eq!(argmax(&[f32::NEG_INFINITY; 40]), 0);
-        let mut l = vec![1.0; 40];
-        l[0] = f32::NAN;
-        assert_eq!(argmax(&l), scalar(&l));
-        l[0] = 0.0;
-        l[39] = 2.0;
-        l[20] = f32::NAN;
-        assert_eq!(argmax(&l), 39);
     }
 
     #[test]

@@ -22,9 +22,9 @@ pub struct KvSpec {
 }
 
 impl KvSpec {
-    /// Bytes of f32 keys and values this spec takes.
+    /// Bytes of f16 keys and values this spec takes.
     pub fn bytes(&self) -> usize {
-        2 * self.n_layers * self.n_blocks * BLOCK_SIZE * self.kv_dim * std::mem::size_of::<f32>()
+        2 * self.n_layers * self.n_blocks * BLOCK_SIZE * self.kv_dim * std::mem::size_of::<u16>()
     }
 }
 

@@ -66,7 +66,8 @@ mod tests {
     #[test]
     fn sizes_by_tokens_and_by_memory() {
         assert_eq!(blocks_for(KvBudget::Tokens(100), 10, 192).unwrap(), 7);
-        assert_eq!(block_bytes(10, 192), 2 * 10 * 16 * 192 * 4);
+        // Keys and values, f16.
+        assert_eq!(block_bytes(10, 192), 2 * 10 * 16 * 192 * 2);
         let b = blocks_for(KvBudget::MemFraction(0.01), 10, 192).unwrap();
         assert!(b > 0 && (b * block_bytes(10, 192)) as u64 <= mem_available().unwrap() / 100 + 1);
         assert!(blocks_for(KvBudget::MemFraction(1.5), 10, 192).is_err());

@@ -22,16 +22,29 @@ struct Task {
     n_heads: usize,
 }
 
+/// Where one layer's keys and values lie in a paged cache of f16 bits: KV head `h`'s position `i`
+/// of block `b` at `b * block + h * head + i * head_dim`, from `keys` (or `values`) on. A head's
+/// positions of one block are one contiguous run.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerKv<'a> {
+    pub cache: &'a [u16],
+    pub keys: usize,
+    pub values: usize,
+    /// Elements from one KV head to the next within a block.
+    pub head: usize,
+    /// Elements from one block to the next.
+    pub block: usize,
+}
+
 /// `out[row, head] = softmax(q·Kᵀ / √d) · V` over positions `0..=pos(row)` of the row's sequence;
 /// query head `h` reads KV head `h / (n_heads / n_kv_heads)`. Keys and values of the batch must
-/// already be in `k_cache`/`v_cache` (layout `[slot][kv_head][head_dim]`).
+/// already be in the cache.
 pub fn attend(
     pool: &ThreadPool,
     shape: AttnShape,
     seqs: &[SeqRows<'_>],
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    kv: LayerKv<'_>,
     out: &mut [f32],
 ) {
     let AttnShape {
@@ -39,7 +52,7 @@ pub fn attend(
         n_kv_heads,
         head_dim,
     } = shape;
-    let (q_width, kv_dim) = (n_heads * head_dim, n_kv_heads * head_dim);
+    let q_width = n_heads * head_dim;
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
 
@@ -78,11 +91,13 @@ pub fn attend(
     pool.run(tasks.len(), &|ti| {
         let t = tasks[ti];
         let s = &seqs[t.seq];
+        let head = (t.head / group) * kv.head;
         let kv = KvHead {
-            k: k_cache,
-            v: v_cache,
-            stride: kv_dim,
-            off: (t.head / group) * head_dim,
+            k: &kv.cache[kv.keys + head..],
+            v: &kv.cache[kv.values + head..],
+            stride: head_dim,
+            block_stride: kv.block,
+            off: 0,
             blocks: s.blocks,
             block_size: BLOCK_SIZE,
         };
@@ -152,6 +167,55 @@ mod tests {
         out
     }
 
+    /// A one-layer cache of `n_blocks` blocks in [`LayerKv`]'s layout.
+    struct Cache {
+        data: Vec<u16>,
+        n_kv_heads: usize,
+        hd: usize,
+    }
+
+    impl Cache {
+        fn new(shape: AttnShape, n_blocks: usize) -> Self {
+            let (n_kv_heads, hd) = (shape.n_kv_heads, shape.head_dim);
+            Cache {
+                data: vec![0; n_blocks * 2 * n_kv_heads * BLOCK_SIZE * hd],
+                n_kv_heads,
+                hd,
+            }
+        }
+
+        fn layer(&self) -> LayerKv<'_> {
+            let plane = self.n_kv_heads * BLOCK_SIZE * self.hd;
+            LayerKv {
+                cache: &self.data,
+                keys: 0,
+                values: plane,
+                head: BLOCK_SIZE * self.hd,
+                block: 2 * plane,
+            }
+        }
+
+        /// Stores one position's keys and values (`[kv_head][hd]` each) in `slot`.
+        fn store(&mut self, slot: usize, k: &[f32], v: &[f32]) {
+            let l = self.layer();
+            let (keys, values, head, block, hd) = (l.keys, l.values, l.head, l.block, self.hd);
+            for h in 0..self.n_kv_heads {
+                let at = slot / BLOCK_SIZE * block + h * head + slot % BLOCK_SIZE * hd;
+                for t in 0..hd {
+                    self.data[keys + at + t] = half::f16::from_f32(k[h * hd + t]).to_bits();
+                    self.data[values + at + t] = half::f16::from_f32(v[h * hd + t]).to_bits();
+                }
+            }
+        }
+    }
+
+    /// Values an f16 cache holds exactly.
+    fn f16_exact(v: Vec<f32>) -> Vec<f32> {
+        v.into_iter()
+            .map(|x| half::f16::from_f32(x).to_f32())
+            .collect()
+    }
+
     #[test]
     fn paged_attention_matches_dense_reference() {
         let shape = AttnShape {
@@ -163,11 +227,11 @@ mod tests {
         let kv_dim = 16;
         let mut rng = Rng::new(7);
         let mut rnd = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.next_f32() - 0.5).collect() };
-        let (q, k, v) = (rnd(n * 32), rnd(n * kv_dim), rnd(n * kv_dim));
+        let q = rnd(n * 32);
+        let (k, v) = (f16_exact(rnd(n * kv_dim)), f16_exact(rnd(n * kv_dim)));
         // Scatter keys/values into non-contiguous blocks 5, 1, 3.
         let blocks = [5u32, 1, 3];
-        let mut kc = vec![0.0; 6 * BLOCK_SIZE * kv_dim];
-        let mut vc = kc.clone();
+        let mut cache = Cache::new(shape, 6);
         let seq = SeqRows {
             start: 0,
             len: n,
@@ -175,15 +239,14 @@ mod tests {
             blocks: &blocks,
         };
         for p in 0..n {
-            let s = seq.slot(p);
-            kc[s * kv_dim..(s + 1) * kv_dim].copy_from_slice(&k[p * kv_dim..(p + 1) * kv_dim]);
-            vc[s * kv_dim..(s + 1) * kv_dim].copy_from_slice(&v[p * kv_dim..(p + 1) * kv_dim]);
+            let row = p * kv_dim..(p + 1) * kv_dim;
+            cache.store(seq.slot(p), &k[row.clone()], &v[row]);
         }
         let want = reference(shape, n, &q, &k, &v);
         for threads in [1, 2] {
             let pool = ThreadPool::new(threads);
             let mut out = vec![0.0; n * 32];
-            attend(&pool, shape, &[seq], &q, &kc, &vc, &mut out);
+            attend(&pool, shape, &[seq], &q, cache.layer(), &mut out);
             for (a, b) in out.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-5, "{a} vs {b}");
             }
@@ -195,15 +258,8 @@ mod tests {
                 blocks: &blocks,
             };
             let mut one = vec![0.0; 32];
-            attend(
-                &pool,
-                shape,
-                &[last],
-                &q[(n - 1) * 32..],
-                &kc,
-                &vc,
-                &mut one,
-            );
+            let q_last = &q[(n - 1) * 32..];
+            attend(&pool, shape, &[last], q_last, cache.layer(), &mut one);
             for (a, b) in one.iter().zip(&want[(n - 1) * 32..]) {
                 assert!((a - b).abs() < 1e-5);
             }
@@ -222,7 +278,10 @@ mod tests {
         let (q_width, kv_dim) = (9 * 64, 3 * 64);
         let mut rng = Rng::new(11);
         let mut rnd = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.next_f32() - 0.5).collect() };
-        let (kc, vc) = (rnd(12 * BLOCK_SIZE * kv_dim), rnd(12 * BLOCK_SIZE * kv_dim));
+        let mut cache = Cache::new(shape, 12);
+        for slot in 0..12 * BLOCK_SIZE {
+            cache.store(slot, &rnd(kv_dim), &rnd(kv_dim));
+        }
         let tables: [&[u32]; 4] = [&[3, 0], &[7], &[1, 9, 4], &[11, 2, 5, 6]];
         let positions = [20, 9, 40, 51];
         let q = rnd(4 * q_width);
@@ -236,12 +295,12 @@ mod tests {
             .collect();
         let pool = ThreadPool::new(2);
         let mut all = vec![0.0; 4 * q_width];
-        attend(&pool, shape, &seqs, &q, &kc, &vc, &mut all);
+        attend(&pool, shape, &seqs, &q, cache.layer(), &mut all);
         for (i, seq) in seqs.iter().enumerate() {
             let alone = SeqRows { start: 0, ..*seq };
             let mut one = vec![0.0; q_width];
             let qi = &q[i * q_width..(i + 1) * q_width];
-            attend(&pool, shape, &[alone], qi, &kc, &vc, &mut one);
+            attend(&pool, shape, &[alone], qi, cache.layer(), &mut one);
             let want = &all[i * q_width..(i + 1) * q_width];
             assert!(one
                 .iter()

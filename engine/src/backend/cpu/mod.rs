@@ -5,7 +5,9 @@ pub mod kernels;
 mod ops;
 pub mod pool;
 
-use self::kernels::QMatrix;
+use std::sync::Mutex;
+
+use self::kernels::{Arena, HugeBuf, LaneMatrix, QMatrix, SimdLevel};
 use self::pool::ThreadPool;
 use super::{AttnShape, Backend, WeightSource};
 use crate::error::{Error, Result};
@@ -15,6 +17,10 @@ use crate::kv::{KvSpec, SeqRows, BLOCK_SIZE};
 #[derive(Debug)]
 pub struct CpuBackend {
     pool: ThreadPool,
+    /// The last batch's rotations, reused by every layer's Q and K.
+    rope: Mutex<ops::RopeTable>,
+    /// Huge pages holding the lane-ordered weights.
+    weights: Arena,
 }
 
 impl CpuBackend {
@@ -22,6 +28,8 @@ impl CpuBackend {
     pub fn new(n_threads: usize) -> Self {
         Self {
             pool: ThreadPool::new(n_threads.max(1)),
+            rope: Mutex::default(),
+            weights: Arena::default(),
         }
     }
 
@@ -34,6 +42,8 @@ impl CpuBackend {
         }
         Self {
             pool: ThreadPool::sharing_cores(n_threads.max(1)),
+            rope: Mutex::default(),
+            weights: Arena::default(),
         }
     }
 
@@ -42,13 +52,15 @@ impl CpuBackend {
     }
 }
 
-/// A weight on the CPU: matrices stay in the mapped GGUF, vectors are expanded to f32.
+/// A weight on the CPU: matrices stay in the mapped GGUF (quantized ones also in lane order
+/// when the AVX-512 kernel runs), vectors are expanded to f32.
 #[derive(Debug)]
 pub enum CpuWeight {
     Matrix {
         src: WeightSource,
         rows: usize,
         cols: usize,
+        lanes: Option<LaneMatrix>,
     },
     Vector(Vec<f32>),
 }
@@ -56,11 +68,17 @@ pub enum CpuWeight {
 impl CpuWeight {
     fn matrix(&self) -> QMatrix<'_> {
         match self {
-            Self::Matrix { src, rows, cols } => QMatrix {
+            Self::Matrix {
+                src,
+                rows,
+                cols,
+                lanes,
+            } => QMatrix {
                 dtype: src.dtype(),
                 rows: *rows,
                 cols: *cols,
                 data: src.bytes(),
+                lanes: lanes.as_ref(),
             },
             Self::Vector(_) => panic!("a vector weight used as a matrix"),
         }
@@ -74,12 +92,60 @@ impl CpuWeight {
     }
 }
 
-/// Keys and values of every layer of one model part, `[layer][slot][kv_dim]`.
+/// Keys and values of every layer of one model part as f16 bits, in one mapping, block by block:
+/// `[block][layer][keys, values][kv_head][position][head_dim]`. A block's 16 positions of every
+/// layer lie together, so a sequence's memory is its blocks' (the mapping is on huge pages, which
+/// are backed whole once touched), and each head's run of a block is contiguous.
 #[derive(Debug)]
 pub struct CpuKv {
     spec: KvSpec,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    buf: HugeBuf<u16>,
+}
+
+impl CpuKv {
+    /// Elements of one block's keys (or values) of one layer.
+    fn plane(&self) -> usize {
+        BLOCK_SIZE * self.spec.kv_dim
+    }
+
+    /// Elements of one block (every layer).
+    fn block(&self) -> usize {
+        2 * self.spec.n_layers * self.plane()
+    }
+
+    /// Layer `layer`'s place in the cache, for heads of `hd` elements.
+    fn layer(&self, layer: usize, hd: usize) -> attention::LayerKv<'_> {
+        let keys = 2 * layer * self.plane();
+        attention::LayerKv {
+            cache: self.buf.as_slice(),
+            keys,
+            values: keys + self.plane(),
+            head: BLOCK_SIZE * hd,
+            block: self.block(),
+        }
+    }
+
+    /// Stores the keys and values of `seqs`' rows (`k`, `v`: `[row][kv_dim]`, heads of `hd`) for
+    /// `layer`.
+    fn store(&mut self, layer: usize, hd: usize, seqs: &[SeqRows<'_>], k: &[f32], v: &[f32]) {
+        let kv_dim = self.spec.kv_dim;
+        let at = self.layer(layer, hd);
+        let (keys, values, head, block) = (at.keys, at.values, at.head, at.block);
+        let cache = self.buf.as_mut_slice();
+        for s in seqs {
+            for r in 0..s.len {
+                let slot = s.slot(s.pos + r);
+                let (b, i) = (slot / BLOCK_SIZE, slot % BLOCK_SIZE);
+                let row = (s.start + r) * kv_dim;
+                for h in 0..kv_dim / hd {
+                    let pos = b * block + h * head + i * hd;
+                    let from = row + h * hd..row + (h + 1) * hd;
+                    to_f16(&k[from.clone()], &mut cache[keys + pos..][..hd]);
+                    to_f16(&v[from], &mut cache[values + pos..][..hd]);
+                }
+            }
+        }
+    }
 }
 
 impl Backend for CpuBackend {
@@ -98,11 +164,19 @@ impl Backend for CpuBackend {
             kernels::dequantize_row(src.dtype(), src.bytes(), &mut data);
             return Ok(CpuWeight::Vector(data));
         }
-        QMatrix::new(src.dtype(), rows, cols, src.bytes())?;
+        let m = QMatrix::new(src.dtype(), rows, cols, src.bytes())?;
+        // The lane kernel reads its own copy of the weights (the mapped file's pages are then
+        // only read once, here).
+        let lanes = if kernels::simd_level() == SimdLevel::Avx512 {
+            LaneMatrix::new_in(&self.weights, &m)?
+        } else {
+            None
+        };
         Ok(CpuWeight::Matrix {
             src: src.clone(),
             rows,
             cols,
+            lanes,
         })
     }
 
@@ -111,11 +185,11 @@ impl Backend for CpuBackend {
     }
 
     fn alloc_kv(&self, spec: KvSpec) -> Result<CpuKv> {
-        let per_layer = spec.n_blocks * BLOCK_SIZE * spec.kv_dim;
-        // vec![0.0; n] maps zeroed pages lazily: untouched blocks cost no resident memory.
-        let k = (0..spec.n_layers).map(|_| vec![0.0; per_layer]).collect();
-        let v = (0..spec.n_layers).map(|_| vec![0.0; per_layer]).collect();
-        Ok(CpuKv { spec, k, v })
+        // Zeroed pages are mapped lazily: untouched blocks cost no resident memory.
+        Ok(CpuKv {
+            spec,
+            buf: HugeBuf::zeroed(2 * spec.n_layers * spec.n_blocks * BLOCK_SIZE * spec.kv_dim)?,
+        })
     }
 
     fn upload(&self, data: &[f32], dst: &mut Vec<f32>) {
@@ -179,7 +253,11 @@ impl Backend for CpuBackend {
         rope_dims: usize,
         base: f32,
     ) {
-        ops::rope(x, positions, n_heads, head_dim, rope_dims, base);
+        let mut table = self.rope.lock().unwrap_or_else(|e| e.into_inner());
+        if !table.is_for(positions, rope_dims, base) {
+            *table = ops::RopeTable::new(positions, rope_dims, base);
+        }
+        table.apply(x, n_heads, head_dim);
     }
 
     fn attention(
@@ -193,31 +271,29 @@ impl Backend for CpuBackend {
         v: &Vec<f32>,
         out: &mut Vec<f32>,
     ) {
-        let kv_dim = kv.spec.kv_dim;
-        let (kc, vc) = (&mut kv.k[layer], &mut kv.v[layer]);
-        for s in seqs {
-            for r in 0..s.len {
-                let slot = s.slot(s.pos + r);
-                let row = (s.start + r) * kv_dim;
-                kc[slot * kv_dim..(slot + 1) * kv_dim].copy_from_slice(&k[row..row + kv_dim]);
-                vc[slot * kv_dim..(slot + 1) * kv_dim].copy_from_slice(&v[row..row + kv_dim]);
-            }
-        }
-        attention::attend(&self.pool, shape, seqs, q, kc, vc, out);
+        kv.store(layer, shape.head_dim, seqs, k, v);
+        attention::attend(
+            &self.pool,
+            shape,
+            seqs,
+            q,
+            kv.layer(layer, shape.head_dim),
+            out,
+        );
     }
 
     fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
-        // One `exp` per element: at batch 8 this is ~1 ms a step, worth both cores.
-        const CHUNK: usize = 4096;
+        // One `exp` per element: split over the threads when there are many (a batch).
+        let chunk = len.div_ceil(self.pool.n_threads()).max(4096);
         let parts: Vec<std::sync::Mutex<(&mut [f32], &[f32])>> = gate[..len]
-            .chunks_mut(CHUNK)
-            .zip(up[..len].chunks(CHUNK))
+            .chunks_mut(chunk)
+            .zip(up[..len].chunks(chunk))
             .map(std::sync::Mutex::new)
             .collect();
         self.pool.run(parts.len(), &|i| {
             let mut p = parts[i].lock().unwrap_or_else(|e| e.into_inner());
             let (g, u) = &mut *p;
-            ops::silu_mul(g, u);
+            kernels::silu_mul(g, u);
         });
     }
 
@@ -232,4 +308,11 @@ impl Backend for CpuBackend {
             out[i * width..(i + 1) * width].copy_from_slice(&x[r * width..(r + 1) * width]);
         }
     }
+}
+
+/// `src` rounded to f16 (to nearest, ties to even; F16C where the CPU has it), as bits.
+fn to_f16(src: &[f32], dst: &mut [u16]) {
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    dst.reinterpret_cast_mut::<half::f16>()
+        .convert_from_f32_slice(src);
 }

@@ -5,25 +5,28 @@ use std::cell::RefCell;
 
 use super::SimdLevel;
 
-/// One KV head of one sequence in a paged cache.
+/// One KV head of one sequence in a paged cache of f16 keys and values (as bits: llama.cpp's
+/// default cache type; half the bytes a decode step streams, and exact to widen).
 #[derive(Clone, Copy, Debug)]
 pub struct KvHead<'a> {
-    /// Keys, `[slot][stride]`.
-    pub k: &'a [f32],
+    /// Keys: position `i` of block `b` at `b * block_stride + i * stride + off`.
+    pub k: &'a [u16],
     /// Values, same layout.
-    pub v: &'a [f32],
-    /// Floats per slot (all KV heads).
+    pub v: &'a [u16],
+    /// Elements from one position of a block to the next.
     pub stride: usize,
-    /// This head's first float within a slot.
+    /// Elements from one block to the next (at least `block_size * stride`).
+    pub block_stride: usize,
+    /// This head's first element within a position.
     pub off: usize,
-    /// The sequence's block table: position `p` is in slot
-    /// `blocks[p / block_size] * block_size + p % block_size`.
+    /// The sequence's block table: position `p` is position `p % block_size` of block
+    /// `blocks[p / block_size]`.
     pub blocks: &'a [u32],
     pub block_size: usize,
 }
 
 impl KvHead<'_> {
-    /// Offset of position `p`'s first float in the caches.
+    /// Offset of position `p`'s first element in the caches.
     #[inline]
     fn at(&self, p: usize) -> usize {
         let bs = self.block_size;
@@ -32,7 +35,7 @@ impl KvHead<'_> {
         } else {
             (p / bs, p % bs)
         };
-        (self.blocks[b] as usize * bs + i) * self.stride + self.off
+        self.blocks[b] as usize * self.block_stride + i * self.stride + self.off
     }
 }
 
@@ -44,9 +47,9 @@ thread_local! {
 ///
 /// For row `r` and head `g < heads`: `out[(r * heads + g) * hd..][..hd] = softmax(scale * q ·
 /// K[p]) · V[p]` over positions `p < n_ctx0 + r`, with `q = q[r * q_stride + g * hd..][..hd]`;
-/// `out.len()` is a multiple of `heads * hd`. The result is the same, bit for bit, as one
-/// [`super::dot_f32`] per position, `f32::exp` and one [`super::axpy`] per position (on glibc,
-/// whose `expf` the AVX-512 path reproduces).
+/// `out.len()` is a multiple of `heads * hd`. The result is the same, bit for bit, as widening
+/// each position's key and value to f32, then one [`super::dot_f32`] per position, `f32::exp`
+/// and one [`super::axpy`] per position (on glibc, whose `expf` the AVX-512 path reproduces).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
     kv: &KvHead,
@@ -96,7 +99,7 @@ pub fn attend_rows_with(
     );
     let (bs, st) = (kv.block_size, kv.stride);
     assert!(
-        bs > 0 && kv.off + hd <= st,
+        bs > 0 && kv.off + hd <= st && bs * st <= kv.block_stride,
         "attend_rows: head outside the slot"
     );
     let n_max = n_ctx0 + n_rows - 1;
@@ -104,7 +107,7 @@ pub fn attend_rows_with(
     assert!(
         kv.blocks[..n_max.div_ceil(bs)]
             .iter()
-            .all(|&b| (b as usize + 1) * bs * st <= limit),
+            .all(|&b| b as usize * kv.block_stride + bs * st <= limit),
         "attend_rows: block outside the cache"
     );
     let args = Args {
@@ -122,7 +125,7 @@ pub fn attend_rows_with(
         match level.clamp() {
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 if hd <= 16 * x86::MAX_VECS => {
-                // SAFETY: the level is clamped to the detected one, so AVX-512F is present;
+                // SAFETY: the level is clamped to the detected one, so AVX-512 F/BW/VL are present;
                 // every slot of the used blocks lies inside both caches and `off + hd <= stride`,
                 // `q` holds every row's heads (asserted above); `scores` holds `heads` runs of
                 // `pad` floats.
@@ -148,13 +151,20 @@ struct Args<'a> {
 /// The reference path: one dispatched dot product and AXPY per position.
 fn portable(level: SimdLevel, kv: &KvHead, a: &Args, scores: &mut [f32], out: &mut [f32]) {
     let hd = a.hd;
+    let mut wide = vec![0f32; hd];
+    let widen = |src: &[u16], dst: &mut [f32]| {
+        for (d, &h) in dst.iter_mut().zip(src) {
+            *d = half::f16::from_bits(h).to_f32();
+        }
+    };
     for (i, o) in out.chunks_exact_mut(hd).enumerate() {
         let (r, g) = (i / a.heads, i % a.heads);
         let qr = &a.q[r * a.q_stride + g * hd..][..hd];
         let n = a.n_ctx0 + r;
         let mut max = f32::NEG_INFINITY;
         for (p, sc) in scores[..n].iter_mut().enumerate() {
-            *sc = super::dot_f32_with(level, qr, &kv.k[kv.at(p)..][..hd]) * a.scale;
+            widen(&kv.k[kv.at(p)..][..hd], &mut wide);
+            *sc = super::dot_f32_with(level, qr, &wide) * a.scale;
             max = max.max(*sc);
         }
         let mut sum = 0.0;
@@ -164,94 +174,40 @@ fn portable(level: SimdLevel, kv: &KvHead, a: &Args, scores: &mut [f32], out: &m
         }
         o.fill(0.0);
         for (p, &w) in scores[..n].iter().enumerate() {
-            super::axpy_with(level, w / sum, &kv.v[kv.at(p)..][..hd], o);
+            widen(&kv.v[kv.at(p)..][..hd], &mut wide);
+            super::axpy_with(level, w / sum, &wide, o);
         }
     }
 }
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
+    use super::super::vexp::exp;
     use super::{Args, KvHead};
 
     /// Most 16-float vectors per head.
     pub(super) const MAX_VECS: usize = 8;
-
-    /// `2^(i / 32)` as f64 bits, less `i << 47` (added back with the exponent).
-    const EXP_TABLE: [u64; 32] = [
-        0x3ff0000000000000,
-        0x3fefd9b0d3158574,
-        0x3fefb5586cf9890f,
-        0x3fef9301d0125b51,
-        0x3fef72b83c7d517b,
-        0x3fef54873168b9aa,
-        0x3fef387a6e756238,
-        0x3fef1e9df51fdee1,
-        0x3fef06fe0a31b715,
-        0x3feef1a7373aa9cb,
-        0x3feedea64c123422,
-        0x3feece086061892d,
-        0x3feebfdad5362a27,
-        0x3feeb42b569d4f82,
-        0x3feeab07dd485429,
-        0x3feea47eb03a5585,
-        0x3feea09e667f3bcd,
-        0x3fee9f75e8ec5f74,
-        0x3feea11473eb0187,
-        0x3feea589994cce13,
-        0x3feeace5422aa0db,
-        0x3feeb737b0cdc5e5,
-        0x3feec49182a3f090,
-        0x3feed503b23e255d,
-        0x3feee89f995ad3ad,
-        0x3feeff76f2fb5e47,
-        0x3fef199bdd85529c,
-        0x3fef3720dcef9069,
-        0x3fef5818dcfba487,
-        0x3fef7c97337b9b5f,
-        0x3fefa4afa2a490da,
-        0x3fefd0765b6e4540,
-    ];
-
-    /// `exp(x)` of eight floats `x <= 0` (or NaN), computed as glibc's `expf` does (the
-    /// optimized-routines algorithm: `2^(k/32)` from a table times a cubic in f64), which makes
-    /// it agree with the scalar `f32::exp` of the portable path on glibc, bit for bit (checked
-    /// over every float in [-104, 0]); elsewhere within an ulp.
-    #[target_feature(enable = "avx512f")]
-    pub(super) fn exp(x: __m256) -> __m256 {
-        let xd = _mm512_cvtps_pd(x);
-        // x * 32 / ln 2 = k + r, k an integer (rounded by the 1.5 * 2^52 shift).
-        let inv_ln2_n = _mm512_set1_pd(f64::from_bits(0x4047_1547_652b_82fe));
-        let shift = _mm512_set1_pd(f64::from_bits(0x4338_0000_0000_0000));
-        let kd = _mm512_fmadd_pd(inv_ln2_n, xd, shift);
-        let ki = _mm512_castpd_si512(kd);
-        let kd = _mm512_sub_pd(kd, shift);
-        let r = _mm512_fmsub_pd(inv_ln2_n, xd, kd);
-        // s = 2^(k / 32): the table entry for k % 32 with k / 32 added to its exponent.
-        // SAFETY (loads): 32 u64 of a constant array.
-        let tab = |i: usize| unsafe { _mm512_loadu_si512(EXP_TABLE[8 * i..].as_ptr() as *const _) };
-        let idx = _mm512_and_si512(ki, _mm512_set1_epi64(31));
-        let lo = _mm512_permutex2var_epi64(tab(0), idx, tab(1));
-        let hi = _mm512_permutex2var_epi64(tab(2), idx, tab(3));
-        let t = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(idx, _mm512_set1_epi64(16)), lo, hi);
-        let s = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64::<47>(ki)));
-        let c = |bits: u64| _mm512_set1_pd(f64::from_bits(bits));
-        let z = _mm512_fmadd_pd(c(0x3ebc_6af8_4b91_2394), r, c(0x3f2e_bfce_50fa_c4f3));
-        let r2 = _mm512_mul_pd(r, r);
-        let y = _mm512_fmadd_pd(c(0x3f96_2e42_ff0c_52d6), r, _mm512_set1_pd(1.0));
-        let y = _mm512_mul_pd(_mm512_fmadd_pd(z, r2, y), s);
-        // Below log(2^-150) (-0x1.9fe368p6) the result is 0, and the exponent arithmetic above
-        // would wrap.
-        let min = _mm512_set1_pd(f32::from_bits(0xc2cf_f1b4) as f64);
-        let tiny = _mm512_cmp_pd_mask::<_CMP_LT_OQ>(xd, min);
-        _mm512_cvtpd_ps(_mm512_mask_mov_pd(y, tiny, _mm512_setzero_pd()))
-    }
+    /// How many positions ahead keys are fetched.
+    const KEY_AHEAD: usize = 8;
 
     /// Asks for the cache line at `p` into L1.
     #[inline(always)]
-    fn prefetch(p: *const f32) {
+    fn prefetch(p: *const u16) {
         // SAFETY: a prefetch is a hint that cannot fault, whatever the address; SSE is in x86_64.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) };
+    }
+
+    /// The f16 values at `p` that `mask` selects (up to 16), widened to f32.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL; the selected values are readable.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn load_f16(mask: __mmask16, p: *const u16) -> __m512 {
+        // SAFETY: masked to readable values (caller's promise).
+        _mm512_cvtph_ps(unsafe { _mm256_maskz_loadu_epi16(mask, p as *const i16) })
     }
 
     /// Sums of the lanes of `v[0..8]`, in lanes `0..8` of the result.
@@ -299,10 +255,10 @@ mod x86 {
     /// Heads `g0..g0 + H` of every row (see [`super::attend_rows`]).
     ///
     /// # Safety
-    /// AVX-512F; `a.hd <= 16 * NV`; the caches hold every slot of the blocks of the positions
+    /// AVX-512 F/BW/VL; `a.hd <= 16 * NV`; the caches hold every slot of the blocks of the positions
     /// used and `kv.off + hd <= kv.stride`; `a.q` holds every row's heads; `scores` holds
     /// `H` runs of `a.pad` floats; `out` holds the rows' `a.heads * hd` floats.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn attend<const NV: usize, const H: usize>(
         kv: &KvHead,
         a: &Args,
@@ -357,7 +313,7 @@ mod x86 {
                 #[allow(clippy::needless_range_loop)]
                 for j in 0..NV {
                     // SAFETY: `at + hd` lies inside the value cache (caller's promise).
-                    let v = unsafe { _mm512_maskz_loadu_ps(mask(j), vp.add(at + 16 * j)) };
+                    let v = unsafe { load_f16(mask(j), vp.add(at + 16 * j)) };
                     for (acc_g, &w_g) in acc.iter_mut().zip(&w) {
                         acc_g[j] = _mm512_fmadd_ps(w_g, v, acc_g[j]);
                     }
@@ -378,9 +334,9 @@ mod x86 {
     /// (the KV cache of a decode step mostly comes from memory).
     ///
     /// # Safety
-    /// AVX-512F; `q` holds the `hd` floats `mask` selects; every position's key lies inside the
+    /// AVX-512 F/BW/VL; `q` holds the `hd` floats `mask` selects; every position's key lies inside the
     /// key cache; `s` holds `n` rounded up to 16 floats.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn exp_scores<const NV: usize>(
         kv: &KvHead,
         q: *const f32,
@@ -391,7 +347,8 @@ mod x86 {
         s: *mut f32,
     ) {
         let (kp, vp) = (kv.k.as_ptr(), kv.v.as_ptr());
-        let lines = (16 * NV).div_ceil(16);
+        // Cache lines of one position's head: 32 f16 each.
+        let lines = NV.div_ceil(2);
         // SAFETY: masked to the query's floats.
         let qv: [__m512; NV] =
             std::array::from_fn(|j| unsafe { _mm512_maskz_loadu_ps(mask(j), q.add(16 * j)) });
@@ -400,10 +357,10 @@ mod x86 {
         for p0 in (0..n).step_by(8) {
             if fetch {
                 for p in p0..(p0 + 8).min(n) {
-                    let (ka, va) = (kv.at((p + 8).min(n - 1)), kv.at(p));
+                    let (ka, va) = (kv.at((p + KEY_AHEAD).min(n - 1)), kv.at(p));
                     for l in 0..lines {
-                        prefetch(kp.wrapping_add(ka + 16 * l));
-                        prefetch(vp.wrapping_add(va + 16 * l));
+                        prefetch(kp.wrapping_add(ka + 32 * l));
+                        prefetch(vp.wrapping_add(va + 32 * l));
                     }
                 }
             }
@@ -413,7 +370,7 @@ mod x86 {
                 let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
                 for (j, &qj) in qv.iter().enumerate() {
                     // SAFETY: the key lies inside the key cache (caller's promise).
-                    let k = unsafe { _mm512_maskz_loadu_ps(mask(j), kp.add(at + 16 * j)) };
+                    let k = unsafe { load_f16(mask(j), kp.add(at + 16 * j)) };
                     if j % 2 == 0 {
                         even = _mm512_fmadd_ps(qj, k, even);
                     } else {
@@ -439,19 +396,6 @@ mod x86 {
             };
         }
     }
-}
-
-/// [`x86::exp`] of eight values (AVX-512 only).
-#[cfg(all(test, target_arch = "x86_64"))]
-pub(super) fn exp8(x: &[f32]) -> [f32; 8] {
-    assert!(x.len() >= 8 && super::simd_level() == SimdLevel::Avx512);
-    let mut out = [0f32; 8];
-    // SAFETY: AVX-512F is present (checked above); 8 floats are read and written.
-    unsafe {
-        use std::arch::x86_64::*;
-        _mm256_storeu_ps(out.as_mut_ptr(), x86::exp(_mm256_loadu_ps(x.as_ptr())));
-    }
-    out
 }
 
 /// The portable path at `level`, for tests.

@@ -2,17 +2,17 @@
 //!
 //! The stored-layout kernels ([`super::avx512`]) give each block 8 lanes of a `vpdpbusd`, so
 //! every two blocks cost an int-to-float conversion, a scale and a horizontal sum per (weight
-//! row, token). Here, for each block, the bytes of 16 rows are regrouped in registers (16-byte
-//! loads merged four to a register, then a 4 × 4 transpose of dwords): register `v` holds
-//! elements `4v..4v + 4` of the block in each row's lane. Each token then needs eight
-//! `vpdpbusd` against its own four bytes broadcast to all lanes, which leave the block's dot
-//! product of every row in that row's lane; a conversion, a multiply by `d_w * d_x` and an FMA
-//! finish the block for 16 rows, and one more FMA adds the offset term (Q4_1's `m * s`, or
-//! `-128 * d * s` for Q8_0 bytes flipped to unsigned) to a separate sum: these terms are large
-//! and mostly cancel the others, and summing them apart keeps more of the result (teacher-forced
-//! agreement with llama.cpp: 97.7% against 95.8% with one sum). The regrouping is shared by up
-//! to 8 tokens, and each token's sums end up holding its 16 outputs: no horizontal sums, no
-//! partial groups, and the activations are read in their plain quantized layout.
+//! row, token). Here the weights are in lane order ([`LaneMatrix`], arranged once at load): for
+//! each block, register `v` holds elements `4v..4v + 4` of the block in each of 16 rows' lanes,
+//! loaded as stored. Each token then needs eight `vpdpbusd` against its own four bytes broadcast
+//! to all lanes, which leave the block's dot product of every row in that row's lane; a
+//! conversion, a multiply by `d_w * d_x` and an FMA finish the block for 16 rows, and one more
+//! FMA adds the offset term (Q4_1's `m * s`, or `-128 * d * s` for Q8_0 bytes stored unsigned)
+//! to a separate sum: these terms are large and mostly cancel the others, and summing them apart
+//! keeps more of the result (teacher-forced agreement with llama.cpp: 97.7% against 95.8% with
+//! one sum). Each block's loads are shared by up to 8 tokens, and each token's sums end up holding
+//! its 16 outputs: no horizontal sums, no partial groups, and the activations are read in their
+//! plain quantized layout.
 //!
 //! Every output is the same sequence of operations whatever the batch size, the tile or the
 //! task it falls in, so a sequence's results do not depend on what else is in the batch.
@@ -20,13 +20,14 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::lane_order::{LaneMatrix, LANES};
 use super::quant::QActs;
-use super::scalar::{Q4_1_BYTES, Q8_0_BYTES, QK};
-use super::{OutPtr, QMatrix};
+use super::scalar::QK;
+use super::OutPtr;
 use crate::dtype::GgmlType;
 
 /// Weight rows per tile: one per lane.
-const ROWS: usize = 16;
+const ROWS: usize = LANES;
 /// Most activation rows per tile (its accumulators).
 const MAX_C: usize = 8;
 
@@ -37,127 +38,73 @@ fn prefetch(p: *const u8) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) };
 }
 
-/// `vpermw` indices: the even halves, then the odd ones.
-static HALVES: [u16; 32] = [
-    0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, //
-    1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
-];
-
-/// Regroups four registers (lane `4j + t` of `w[g]`: dword `t` of row `4g + j`) into four (lane
-/// `4g + j` of result `t`).
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn transpose4(w: [__m512i; 4]) -> [__m512i; 4] {
-    let ia = _mm512_set_epi32(29, 25, 21, 17, 13, 9, 5, 1, 28, 24, 20, 16, 12, 8, 4, 0);
-    let ib = _mm512_set_epi32(31, 27, 23, 19, 15, 11, 7, 3, 30, 26, 22, 18, 14, 10, 6, 2);
-    let a01 = _mm512_permutex2var_epi32(w[0], ia, w[1]);
-    let b01 = _mm512_permutex2var_epi32(w[0], ib, w[1]);
-    let a23 = _mm512_permutex2var_epi32(w[2], ia, w[3]);
-    let b23 = _mm512_permutex2var_epi32(w[2], ib, w[3]);
-    [
-        _mm512_shuffle_i64x2::<0b01_00_01_00>(a01, a23),
-        _mm512_shuffle_i64x2::<0b11_10_11_10>(a01, a23),
-        _mm512_shuffle_i64x2::<0b01_00_01_00>(b01, b23),
-        _mm512_shuffle_i64x2::<0b11_10_11_10>(b01, b23),
-    ]
-}
-
-/// Sixteen bytes at `at` of each of the 16 rows `row[0..16]` (byte offsets from `p`), as four
-/// registers with row `4g + j`'s bytes in lanes `4j..4j + 4` of register `g`.
+/// One group of 16 weight rows (`group`, laid out as [`LaneMatrix`] describes, `n` of its lanes
+/// stored) times `C` activation rows (quantized values `xq`, `nb * 32` apart; `(d, s)` pairs
+/// `xds`, `2 * nb` apart): `out[c * stride + r]`. Prefetches the group after it (`group_bytes`
+/// on), which is the next tile's.
 ///
 /// # Safety
-/// AVX-512F; the 16 bytes at `p + row[r] + at` are readable for each `r`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn load16(p: *const u8, row: &[usize; ROWS], at: usize) -> [__m512i; 4] {
-    std::array::from_fn(|g| {
-        // SAFETY (loads): the row's 16 bytes (16-byte loads rarely split a cache line, unlike
-        // masked 64-byte ones).
-        let ld =
-            |j: usize| unsafe { _mm_loadu_si128(p.add(row[4 * g + j] + at) as *const __m128i) };
-        // The first row in every lane (a plain broadcast is a load alone), the others merged.
-        let mut v = _mm512_broadcast_i32x4(ld(0));
-        for j in 1..4 {
-            v = _mm512_mask_broadcast_i32x4(v, 0xF << (4 * j), ld(j));
-        }
-        v
-    })
-}
-
-/// Rows `0..n` (`n <= 16`, rows `rb` bytes apart from `w`, `nb` blocks each) times `C`
-/// activation rows (quantized values `xq`, `cols` apart; `(d, s)` pairs `xds`, `2 * nb` apart):
-/// `out[c * stride + r]`.
-///
-/// # Safety
-/// AVX-512 F/BW/VL/VNNI, FMA, F16C; the pointers hold what is described above (`Q8` selects
-/// Q8_0, else Q4_1) and `out + c * stride + r` is writable for `c < C`, `r < n`.
+/// AVX-512 F/BW/VL/VNNI, FMA, F16C; `group` holds one group of `w` (`Q8` selects Q8_0, else
+/// Q4_1), the activations hold `C` rows of `nb` blocks, and `out + c * stride + r` is writable for
+/// `c < C`, `r < n`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile<const Q8: bool, const C: usize>(
-    w: *const u8,
-    rb: usize,
-    nb: usize,
+    w: &LaneMatrix,
+    group: *const u8,
     n: usize,
     xq: *const i8,
     xds: *const f32,
     out: *mut f32,
     stride: usize,
 ) {
-    let bb = if Q8 { Q8_0_BYTES } else { Q4_1_BYTES };
+    let (nb, sb, vb) = (w.nb(), w.scale_bytes(), w.value_bytes());
     let cols = nb * QK;
-    assert!((1..=ROWS).contains(&n) && ROWS * rb <= i32::MAX as usize);
+    let (scales, values) = (group, group.wrapping_add(w.scale_section()));
+    let next = w.group_bytes();
+    assert!((1..=ROWS).contains(&n));
     let rows: __mmask16 = if n == ROWS { 0xFFFF } else { (1 << n) - 1 };
-    // Lanes past `n` repeat row `n - 1` (and are not stored), so every load is of a real row.
-    let row: [usize; ROWS] = std::array::from_fn(|r| r.min(n - 1) * rb);
-    let offs: [i32; ROWS] = std::array::from_fn(|r| row[r] as i32);
-    // SAFETY: 64 bytes of an array.
-    let offs = unsafe { _mm512_loadu_si512(offs.as_ptr() as *const _) };
     let zero = _mm512_setzero_si512();
-    // SAFETY: 64 bytes of a static array.
-    let halves = unsafe { _mm512_loadu_si512(HALVES.as_ptr() as *const _) };
     // Per token, the scaled dot products and (apart: they are large and mostly cancel them)
     // the offset terms.
     let mut acc = [_mm512_setzero_ps(); C];
     let mut macc = [_mm512_setzero_ps(); C];
     for b in 0..nb {
-        let blk = w.wrapping_add(b * bb);
-        // The next tile's rows (the 16 rows after these, contiguous in memory), once per 64
-        // bytes of each: weights stream from memory in decode, and 16 rows read side by side
-        // are more streams than the hardware prefetcher follows well.
-        if (b * bb) % 64 < bb {
-            for &r in &row {
-                prefetch(blk.wrapping_add(ROWS * rb + r));
-            }
+        let (sp, vp) = (scales.wrapping_add(b * sb), values.wrapping_add(b * vb));
+        // The next group's block, a group ahead of use: in decode the weights stream from memory.
+        for l in (0..vb).step_by(64) {
+            prefetch(vp.wrapping_add(next + l));
         }
-        // The f16 scale (and Q4_1's offset) of each row's block.
-        // SAFETY: the first 4 bytes of block `b` of each row (Q8_0: the scale and two values).
-        let dm = unsafe { _mm512_i32gather_epi32::<1>(offs, blk as *const _) };
-        // The low halves (`d`) to the low 256 bits, the high halves (Q4_1's `m`) above.
-        let dm = _mm512_permutexvar_epi16(halves, dm);
-        let d = _mm512_cvtph_ps(_mm512_castsi512_si256(dm));
-        let m = if Q8 {
-            _mm512_mul_ps(d, _mm512_set1_ps(-128.0))
+        if (b * sb).is_multiple_of(64) {
+            prefetch(sp.wrapping_add(next));
+        }
+        // The f16 scales (and Q4_1's offsets) of the 16 rows' blocks.
+        let (d, m) = if Q8 {
+            // SAFETY: the block's 32 scale bytes.
+            let d = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(sp as *const _) });
+            (d, _mm512_mul_ps(d, _mm512_set1_ps(-128.0)))
         } else {
-            _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(dm))
+            // SAFETY: the block's 64 scale bytes.
+            let dm = unsafe { _mm512_loadu_si512(sp as *const _) };
+            (
+                _mm512_cvtph_ps(_mm512_castsi512_si256(dm)),
+                _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(dm)),
+            )
         };
         // Line `v`: elements `4v..4v + 4` of each row's block, as unsigned bytes.
         let mut lines = [zero; 8];
         if Q8 {
-            let flip = _mm512_set1_epi8(-128);
-            for (half, at) in [(0, 2), (4, 18)] {
-                // SAFETY: values `at - 2..at + 14` of block `b` of each row.
-                let t = transpose4(unsafe { load16(blk, &row, at) });
-                for (k, tk) in t.into_iter().enumerate() {
-                    lines[half + k] = _mm512_xor_si512(tk, flip);
-                }
+            for (v, line) in lines.iter_mut().enumerate() {
+                // SAFETY: line `v` of the block's 512 value bytes.
+                *line = unsafe { _mm512_loadu_si512(vp.add(64 * v) as *const _) };
             }
         } else {
-            // SAFETY: the 16 nibble bytes of block `b` of each row.
-            let t = transpose4(unsafe { load16(blk, &row, 4) });
             let mask = _mm512_set1_epi8(0x0F);
-            for (k, tk) in t.into_iter().enumerate() {
-                lines[k] = _mm512_and_si512(tk, mask);
-                lines[k + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(tk), mask);
+            for k in 0..4 {
+                // SAFETY: line `k` of the block's 256 value bytes.
+                let t = unsafe { _mm512_loadu_si512(vp.add(64 * k) as *const _) };
+                lines[k] = _mm512_and_si512(t, mask);
+                lines[k + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(t), mask);
             }
         }
         for (c, (acc_c, macc_c)) in acc.iter_mut().zip(macc.iter_mut()).enumerate() {
@@ -184,25 +131,27 @@ unsafe fn tile<const Q8: bool, const C: usize>(
     }
 }
 
-/// Outputs of quantized weight `w` for `rows` × `toks`, stored at `out` (as `super::quant_block`),
-/// in tiles of 16 rows × up to 8 tokens.
+/// Outputs of lane-ordered weight `w` for `rows` × `toks` (`rows` starting at a group of 16),
+/// stored at `out` (as `super::quant_block`), in tiles of 16 rows × up to 8 tokens.
 ///
 /// The caller must have checked that the CPU supports AVX-512 F/BW/VL/VNNI, FMA and F16C.
 pub(crate) fn block(
-    w: &QMatrix,
+    w: &LaneMatrix,
     acts: &QActs,
     rows: Range<usize>,
     toks: Range<usize>,
     out: OutPtr,
 ) {
-    let q8 = match w.dtype {
+    let q8 = match w.dtype() {
         GgmlType::Q8_0 => true,
         GgmlType::Q4_1 => false,
         other => unreachable!("{other} is not a quantized type"),
     };
-    let (rb, nb, cols) = (w.row_bytes(), acts.nb, acts.cols);
-    assert!(rows.end <= w.rows && toks.end <= acts.m && cols == w.cols);
+    let (nb, cols, gb) = (acts.nb, acts.cols, w.group_bytes());
+    assert!(rows.end <= w.rows() && rows.start.is_multiple_of(ROWS));
+    assert!(toks.end <= acts.m && nb == w.nb());
     assert!(acts.qs.len() >= acts.m * cols && acts.ds.len() >= acts.m * 2 * nb);
+    let bytes = w.bytes();
     // Token tiles of nearly equal size, at most `MAX_C`.
     let parts = toks.len().div_ceil(MAX_C);
     let mut i = toks.start;
@@ -211,22 +160,23 @@ pub(crate) fn block(
         let (xq, xds) = (acts.qs[i * cols..].as_ptr(), acts.ds[i * 2 * nb..].as_ptr());
         for r in rows.clone().step_by(ROWS) {
             let n = ROWS.min(rows.end - r);
-            let (wp, dst) = (
-                w.data[r * rb..].as_ptr(),
-                out.0.wrapping_add(i * w.rows + r),
+            let (group, dst) = (
+                bytes[r / ROWS * gb..][..gb].as_ptr(),
+                out.0.wrapping_add(i * w.rows() + r),
             );
             macro_rules! go {
                 ($($c:literal)*) => {
                     match (q8, c) {
-                        // SAFETY: rows `r..r + n` are inside `w` and tokens `i..i + c` inside
-                        // the activations (asserted above); outputs `(i + ci) * w.rows + r + ri`
-                        // lie below `m * w.rows <= y.len()` (checked by the caller) and belong to
-                        // this task only (see `OutPtr`); the caller checked the CPU features.
+                        // SAFETY: `group` is a whole group of `w` and tokens `i..i + c` are
+                        // inside the activations (asserted above); outputs
+                        // `(i + ci) * w.rows + r + ri` lie below `m * w.rows <= y.len()` (checked
+                        // by the caller) and belong to this task only (see `OutPtr`); the caller
+                        // checked the CPU features.
                         $((true, $c) => unsafe {
-                            tile::<true, $c>(wp, rb, nb, n, xq, xds, dst, w.rows)
+                            tile::<true, $c>(w, group, n, xq, xds, dst, w.rows())
                         },
                         (false, $c) => unsafe {
-                            tile::<false, $c>(wp, rb, nb, n, xq, xds, dst, w.rows)
+                            tile::<false, $c>(w, group, n, xq, xds, dst, w.rows())
                         },)*
                         _ => unreachable!("tile of {c} tokens"),
                     }

@@ -12,8 +12,9 @@
 //!    task, tiles of `R` weight rows × `C` activation rows reuse each unpacked weight block for
 //!    several tokens (prefill and batched decode) and keep several accumulators in flight.
 //!
-//! With AVX-512, [`lanes`] serves every batch size: 16 weight rows side by side, one per lane,
-//! regrouped straight from the stored rows, so one int-to-float conversion serves 16 rows.
+//! With AVX-512, [`lanes`] serves every batch size of a matrix that carries a [`LaneMatrix`] (the
+//! CPU backend arranges one for every quantized weight at load): 16 weight rows side by side, one
+//! per lane, so one int-to-float conversion serves 16 rows.
 //!
 //! The instruction set is detected once ([`simd_level`]); `SLUICE_SIMD=scalar|avx2|avx512` caps
 //! it, and the `*_with` functions let tests pick a level explicitly (never above the detected
@@ -26,6 +27,7 @@ use super::pool::ThreadPool;
 use crate::dtype::GgmlType;
 use crate::error::{Error, Result};
 
+mod argmax;
 mod attention;
 /// The body of a SIMD level's quantized `tile` (`avx2::tile`, `avx512::tile`): checks the
 /// buffers against the shape, then runs the calling module's `q4_1_tile` or `q8_0_tile`
@@ -70,25 +72,35 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod float;
+mod huge;
+mod lane_order;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
 #[cfg(target_arch = "x86_64")]
 mod quant;
 mod scalar;
+mod silu;
 #[cfg(test)]
 mod tests;
+mod vexp;
 
+pub use argmax::{argmax, argmax_with};
 pub use attention::{attend_rows, attend_rows_with, KvHead};
 pub use float::{axpy, axpy_with, dot_f32, dot_f32_with};
+pub use huge::{Arena, HugeBuf};
+pub use lane_order::LaneMatrix;
 use quant::QActs;
+pub use silu::{silu_mul, silu_mul_with};
 
-/// A weight matrix in its stored (GGUF) layout: `rows` rows of `cols` elements, row-major.
+/// A weight matrix in its stored (GGUF) layout: `rows` rows of `cols` elements, row-major; with
+/// the same weights in lane order when the AVX-512 kernel is to read them.
 #[derive(Clone, Copy, Debug)]
 pub struct QMatrix<'a> {
     pub dtype: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
+    pub lanes: Option<&'a LaneMatrix>,
 }
 
 impl<'a> QMatrix<'a> {
@@ -114,7 +126,20 @@ impl<'a> QMatrix<'a> {
             rows,
             cols,
             data,
+            lanes: None,
         })
+    }
+
+    /// The same matrix, also in lane order (`lanes` must have been made from it).
+    pub fn with_lanes(self, lanes: &'a LaneMatrix) -> Self {
+        assert!(
+            lanes.dtype() == self.dtype && lanes.rows() == self.rows,
+            "lane-ordered copy of another matrix"
+        );
+        QMatrix {
+            lanes: Some(lanes),
+            ..self
+        }
     }
 
     /// Bytes of one stored row.
@@ -311,9 +336,10 @@ pub fn matmul_multi_with(
     let avx512 = cfg!(target_arch = "x86_64") && level == SimdLevel::Avx512;
     // Batch invariance: every (weight row, token) product must be computed the same way
     // whatever else is in the batch, or a request's greedy output would depend on its
-    // neighbours. The lanes kernel serves every batch size on AVX-512 (a weight-repacking
-    // prefill kernel was tried and dropped: it rounded differently, and was slower here).
-    let use_lanes = avx512;
+    // neighbours. The lanes kernel serves every batch size of lane-ordered weights on AVX-512
+    // (a weight-repacking prefill kernel was tried and dropped: it rounded differently, and was
+    // slower here).
+    let use_lanes = avx512 && ws.iter().all(|w| !w.is_quantized() || w.lanes.is_some());
     let mut acts = if quantized {
         let mut a = quant::take_scratch();
         a.reset(m, cols);
@@ -369,7 +395,10 @@ pub fn matmul_multi_with(
         let toks = tc * tok_chunk..((tc + 1) * tok_chunk).min(m);
         match acts_ref {
             #[cfg(target_arch = "x86_64")]
-            Some(a) if w.is_quantized() && use_lanes => lanes::block(w, a, rows, toks, outs[j]),
+            Some(a) if use_lanes && w.is_quantized() => {
+                let packed = w.lanes.expect("lane order checked above");
+                lanes::block(packed, a, rows, toks, outs[j])
+            }
             Some(a) if w.is_quantized() => quant_block(level, w, a, rows, toks, outs[j]),
             _ => float::float_block(level, w, x, rows, toks, outs[j].0),
         }

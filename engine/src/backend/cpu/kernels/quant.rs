@@ -17,10 +17,12 @@ const QUANT_ROWS_PER_TASK: usize = 16;
 /// Quantizes the activations, in parallel when there are many.
 pub(crate) fn quantize_parallel(level: SimdLevel, pool: &ThreadPool, x: &[f32], acts: &mut QActs) {
     let (m, cols, nb) = (acts.m, acts.cols, acts.nb);
-    let k = if pool.n_threads() == 1 || m * cols < 32 * 1024 {
+    // A batch's rows split over the threads (a few rows each), a prefill's in tasks of
+    // `QUANT_ROWS_PER_TASK`; a lone row on the caller.
+    let k = if pool.n_threads() == 1 || m < 4 {
         m
     } else {
-        QUANT_ROWS_PER_TASK
+        m.div_ceil(pool.n_threads()).clamp(2, QUANT_ROWS_PER_TASK)
     };
     let parts: Vec<Mutex<QuantPart>> = x
         .chunks(k * cols)

@@ -29,7 +29,7 @@ impl Rng {
 const ALL_LEVELS: [SimdLevel; 3] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512];
 
 /// The levels this CPU really runs (others would be clamped to one of these).
-fn levels() -> Vec<SimdLevel> {
+pub(super) fn levels() -> Vec<SimdLevel> {
     ALL_LEVELS.into_iter().filter(|l| l.clamp() == *l).collect()
 }
 
@@ -102,7 +102,25 @@ fn assert_close(a: &[f32], b: &[f32], tol: f32, what: &str) {
     }
 }
 
+/// `w · x` at `level`; on AVX-512 through the lane kernel, as the backend runs it (see
+/// [`run_stored_layout`] for the stored-layout kernel).
 fn run_matmul(level: SimdLevel, threads: usize, w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
+    match LaneMatrix::new(w).expect("mapped") {
+        Some(lanes) if level == SimdLevel::Avx512 => {
+            run_stored_layout(level, threads, &w.with_lanes(&lanes), x, m)
+        }
+        _ => run_stored_layout(level, threads, w, x, m),
+    }
+}
+
+/// `w · x` at `level`, on the weights as `w` carries them.
+fn run_stored_layout(
+    level: SimdLevel,
+    threads: usize,
+    w: &QMatrix,
+    x: &[f32],
+    m: usize,
+) -> Vec<f32> {
     let pool = ThreadPool::new(threads);
     // Poison the output so unwritten elements show up.
     let mut y = vec![f32::NAN; m * w.rows];
@@ -131,6 +149,8 @@ fn quantized_matmul_matches_reference_and_scalar() {
                         let got = run_matmul(level, threads, &w, &x, m);
                         let what = format!("{dtype} {rows}x{cols} m={m} {level:?} t={threads}");
                         assert_close(&got, &scalar, 1e-4, &what);
+                        let stored = run_stored_layout(level, threads, &w, &x, m);
+                        assert_close(&stored, &scalar, 1e-4, &format!("{what} stored layout"));
                     }
                 }
             }
@@ -189,18 +209,30 @@ fn matmul_multi_equals_separate_matmuls() {
         .iter()
         .map(|&(t, r)| random_matrix(&mut rng, t, r, cols))
         .collect();
-    let ws: Vec<QMatrix> = shapes
+    let plain: Vec<QMatrix> = shapes
         .iter()
         .zip(&datas)
         .map(|(&(t, r), d)| QMatrix::new(t, r, cols, d).expect("valid matrix"))
         .collect();
+    let lanes: Vec<Option<LaneMatrix>> = plain
+        .iter()
+        .map(|w| LaneMatrix::new(w).expect("mapped"))
+        .collect();
+    let ordered: Vec<QMatrix> = plain
+        .iter()
+        .zip(&lanes)
+        .map(|(w, l)| l.as_ref().map_or(*w, |l| w.with_lanes(l)))
+        .collect();
     let pool = ThreadPool::new(2);
-    for m in [1, 3, 8, 33] {
+    for (m, ws) in [1, 3, 8, 33]
+        .into_iter()
+        .flat_map(|m| [(m, &plain), (m, &ordered)])
+    {
         let x = random_acts(&mut rng, m * cols);
         for level in levels() {
             let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; m * w.rows]).collect();
             let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
-            matmul_multi_with(level, &pool, &ws, &x, m, &mut refs);
+            matmul_multi_with(level, &pool, ws, &x, m, &mut refs);
             for (w, got) in ws.iter().zip(&outs) {
                 let mut want = vec![f32::NAN; m * w.rows];
                 matmul_with(level, &pool, w, &x, m, &mut want);
@@ -383,18 +415,21 @@ fn outputs_do_not_depend_on_the_batch() {
         let data = random_matrix(&mut rng, dtype, rows, cols);
         let w = QMatrix::new(dtype, rows, cols, &data).expect("valid matrix");
         let x = random_acts(&mut rng, m * cols);
-        for level in levels() {
-            let all = run_matmul(level, 2, &w, &x, m);
+        type Run = fn(SimdLevel, usize, &QMatrix, &[f32], usize) -> Vec<f32>;
+        let runs: [(&str, Run); 2] = [("", run_matmul), (" stored", run_stored_layout)];
+        for (level, (layout, run)) in levels().into_iter().flat_map(|l| runs.map(|r| (l, r))) {
+            let all = run(level, 2, &w, &x, m);
             for (start, len) in [(0, 1), (5, 1), (20, 1), (3, 2), (7, 8), (0, 17)] {
                 for threads in [1, 2] {
                     let part = &x[start * cols..(start + len) * cols];
-                    let got = run_matmul(level, threads, &w, part, len);
+                    let got = run(level, threads, &w, part, len);
                     let want = &all[start * rows..(start + len) * rows];
                     let same = got
                         .iter()
                         .zip(want)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{dtype} {level:?} tokens {start}..+{len} t={threads}");
+                    let what = format!("{dtype} {level:?}{layout} tokens {start}..+{len}");
+                    assert!(same, "{what} t={threads}");
                 }
             }
         }
