@@ -238,12 +238,12 @@ fn attention_bench(budget: Duration) {
         let kernel = time_it(budget, || {
             for t in &tables {
                 for kvh in 0..kv_heads {
+                    // The engine's layout: per block, each KV head's 16 positions together.
                     let kv = KvHead {
-                        k: &kb,
-                        v: &vb,
-                        stride,
+                        k: &kb[kvh * bs * hd..],
+                        v: &vb[kvh * bs * hd..],
+                        head_dim: hd,
                         block_stride: bs * stride,
-                        off: kvh * hd,
                         blocks: t,
                         block_size: bs,
                     };

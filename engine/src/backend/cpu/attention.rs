@@ -22,9 +22,10 @@ struct Task {
     n_heads: usize,
 }
 
-/// Where one layer's keys and values lie in a paged cache of f16 bits: KV head `h`'s position `i`
-/// of block `b` at `b * block + h * head + i * head_dim`, from `keys` (or `values`) on. A head's
-/// positions of one block are one contiguous run.
+/// Where one layer's keys and values lie in a paged cache of f16 bits: KV head `h`'s element `d`
+/// of position `i` of block `b` at `b * block + h * head + d * BLOCK_SIZE + i` from `keys` (keys
+/// transposed within a block, see [`KvHead`]), at `b * block + h * head + i * head_dim + d` from
+/// `values`. A head's block is one contiguous run.
 #[derive(Clone, Copy, Debug)]
 pub struct LayerKv<'a> {
     pub cache: &'a [u16],
@@ -95,9 +96,8 @@ pub fn attend(
         let kv = KvHead {
             k: &kv.cache[kv.keys + head..],
             v: &kv.cache[kv.values + head..],
-            stride: head_dim,
+            head_dim,
             block_stride: kv.block,
-            off: 0,
             blocks: s.blocks,
             block_size: BLOCK_SIZE,
         };
@@ -199,11 +199,13 @@ mod tests {
         fn store(&mut self, slot: usize, k: &[f32], v: &[f32]) {
             let l = self.layer();
             let (keys, values, head, block, hd) = (l.keys, l.values, l.head, l.block, self.hd);
+            let (b, i) = (slot / BLOCK_SIZE, slot % BLOCK_SIZE);
             for h in 0..self.n_kv_heads {
-                let at = slot / BLOCK_SIZE * block + h * head + slot % BLOCK_SIZE * hd;
+                let at = b * block + h * head;
                 for t in 0..hd {
-                    self.data[keys + at + t] = half::f16::from_f32(k[h * hd + t]).to_bits();
-                    self.data[values + at + t] = half::f16::from_f32(v[h * hd + t]).to_bits();
+                    let bits = |x: f32| half::f16::from_f32(x).to_bits();
+                    self.data[keys + at + t * BLOCK_SIZE + i] = bits(k[h * hd + t]);
+                    self.data[values + at + i * hd + t] = bits(v[h * hd + t]);
                 }
             }
         }

@@ -93,7 +93,8 @@ impl CpuWeight {
 }
 
 /// Keys and values of every layer of one model part as f16 bits, in one mapping, block by block:
-/// `[block][layer][keys, values][kv_head][position][head_dim]`. A block's 16 positions of every
+/// `[block][layer][keys, values][kv_head]`, each head's keys `[head_dim][position]` (transposed,
+/// see [`kernels::KvHead`]) and values `[position][head_dim]`. A block's 16 positions of every
 /// layer lie together, so a sequence's memory is its blocks' (the mapping is on huge pages, which
 /// are backed whole once touched), and each head's run of a block is contiguous.
 #[derive(Debug)]
@@ -126,22 +127,26 @@ impl CpuKv {
     }
 
     /// Stores the keys and values of `seqs`' rows (`k`, `v`: `[row][kv_dim]`, heads of `hd`) for
-    /// `layer`.
+    /// `layer`, keys transposed within their block (see [`attention::LayerKv`]).
     fn store(&mut self, layer: usize, hd: usize, seqs: &[SeqRows<'_>], k: &[f32], v: &[f32]) {
         let kv_dim = self.spec.kv_dim;
         let at = self.layer(layer, hd);
         let (keys, values, head, block) = (at.keys, at.values, at.head, at.block);
         let cache = self.buf.as_mut_slice();
+        let mut key = vec![0u16; kv_dim];
         for s in seqs {
             for r in 0..s.len {
                 let slot = s.slot(s.pos + r);
                 let (b, i) = (slot / BLOCK_SIZE, slot % BLOCK_SIZE);
-                let row = (s.start + r) * kv_dim;
-                for h in 0..kv_dim / hd {
-                    let pos = b * block + h * head + i * hd;
-                    let from = row + h * hd..row + (h + 1) * hd;
-                    to_f16(&k[from.clone()], &mut cache[keys + pos..][..hd]);
-                    to_f16(&v[from], &mut cache[values + pos..][..hd]);
+                let row = (s.start + r) * kv_dim..(s.start + r + 1) * kv_dim;
+                to_f16(&k[row.clone()], &mut key);
+                for (h, key) in key.chunks_exact(hd).enumerate() {
+                    let base = b * block + h * head;
+                    for (d, &x) in key.iter().enumerate() {
+                        cache[keys + base + d * BLOCK_SIZE + i] = x;
+                    }
+                    let from = row.start + h * hd..row.start + (h + 1) * hd;
+                    to_f16(&v[from], &mut cache[values + base + i * hd..][..hd]);
                 }
             }
         }

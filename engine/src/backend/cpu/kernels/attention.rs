@@ -7,18 +7,19 @@ use super::SimdLevel;
 
 /// One KV head of one sequence in a paged cache of f16 keys and values (as bits: llama.cpp's
 /// default cache type; half the bytes a decode step streams, and exact to widen).
+///
+/// A block's keys are stored transposed, so that one vector load holds one element of 16
+/// positions: the scores of a block's 16 positions are `head_dim` FMAs with the query's elements
+/// broadcast, each key load shared by every query head of the group, and no horizontal sums.
 #[derive(Clone, Copy, Debug)]
 pub struct KvHead<'a> {
-    /// Keys: position `i` of block `b` at `b * block_stride + i * stride + off`.
+    /// Keys: element `d` of position `i` of block `b` at `b * block_stride + d * block_size + i`.
     pub k: &'a [u16],
-    /// Values, same layout.
+    /// Values: element `d` of position `i` of block `b` at `b * block_stride + i * head_dim + d`.
     pub v: &'a [u16],
-    /// Elements from one position of a block to the next.
-    pub stride: usize,
-    /// Elements from one block to the next (at least `block_size * stride`).
+    pub head_dim: usize,
+    /// Elements from one block to the next (at least `block_size * head_dim`).
     pub block_stride: usize,
-    /// This head's first element within a position.
-    pub off: usize,
     /// The sequence's block table: position `p` is position `p % block_size` of block
     /// `blocks[p / block_size]`.
     pub blocks: &'a [u32],
@@ -26,16 +27,31 @@ pub struct KvHead<'a> {
 }
 
 impl KvHead<'_> {
-    /// Offset of position `p`'s first element in the caches.
+    /// The first element of position `p`'s block and `p`'s place in it.
     #[inline]
-    fn at(&self, p: usize) -> usize {
+    fn block_of(&self, p: usize) -> (usize, usize) {
         let bs = self.block_size;
         let (b, i) = if bs.is_power_of_two() {
             (p >> bs.trailing_zeros(), p & (bs - 1))
         } else {
             (p / bs, p % bs)
         };
-        self.blocks[b] as usize * self.block_stride + i * self.stride + self.off
+        (self.blocks[b] as usize * self.block_stride, i)
+    }
+
+    /// Offset of position `p`'s value in the value cache.
+    #[inline]
+    fn value_at(&self, p: usize) -> usize {
+        let (base, i) = self.block_of(p);
+        base + i * self.head_dim
+    }
+
+    /// Position `p`'s key, widened to f32.
+    fn key(&self, p: usize, out: &mut [f32]) {
+        let (base, i) = self.block_of(p);
+        for (d, o) in out.iter_mut().enumerate() {
+            *o = half::f16::from_bits(self.k[base + d * self.block_size + i]).to_f32();
+        }
     }
 }
 
@@ -47,9 +63,10 @@ thread_local! {
 ///
 /// For row `r` and head `g < heads`: `out[(r * heads + g) * hd..][..hd] = softmax(scale * q ·
 /// K[p]) · V[p]` over positions `p < n_ctx0 + r`, with `q = q[r * q_stride + g * hd..][..hd]`;
-/// `out.len()` is a multiple of `heads * hd`. The result is the same, bit for bit, as widening
-/// each position's key and value to f32, then one [`super::dot_f32`] per position, `f32::exp`
-/// and one [`super::axpy`] per position (on glibc, whose `expf` the AVX-512 path reproduces).
+/// `out.len()` is a multiple of `heads * hd`. A row's result does not depend on the other rows or
+/// on how heads are grouped into calls; levels agree within float tolerance (the AVX-512 path
+/// sums each score over the head's elements in two interleaved chains, the portable one in
+/// vector lanes).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
     kv: &KvHead,
@@ -97,17 +114,17 @@ pub fn attend_rows_with(
         q.len() >= (n_rows - 1) * q_stride + width,
         "attend_rows: q too short"
     );
-    let (bs, st) = (kv.block_size, kv.stride);
+    let bs = kv.block_size;
     assert!(
-        bs > 0 && kv.off + hd <= st && bs * st <= kv.block_stride,
-        "attend_rows: head outside the slot"
+        bs > 0 && kv.head_dim == hd && bs * hd <= kv.block_stride,
+        "attend_rows: head outside the block"
     );
     let n_max = n_ctx0 + n_rows - 1;
     let limit = kv.k.len().min(kv.v.len());
     assert!(
         kv.blocks[..n_max.div_ceil(bs)]
             .iter()
-            .all(|&b| b as usize * kv.block_stride + bs * st <= limit),
+            .all(|&b| b as usize * kv.block_stride + bs * hd <= limit),
         "attend_rows: block outside the cache"
     );
     let args = Args {
@@ -124,11 +141,10 @@ pub fn attend_rows_with(
         scores.resize(heads * args.pad, 0.0);
         match level.clamp() {
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 if hd <= 16 * x86::MAX_VECS => {
+            SimdLevel::Avx512 if hd <= 16 * x86::MAX_VECS && bs == 16 => {
                 // SAFETY: the level is clamped to the detected one, so AVX-512 F/BW/VL are present;
-                // every slot of the used blocks lies inside both caches and `off + hd <= stride`,
-                // `q` holds every row's heads (asserted above); `scores` holds `heads` runs of
-                // `pad` floats.
+                // every used block lies inside both caches, `q` holds every row's heads (asserted
+                // above); `scores` holds `heads` runs of `pad` floats.
                 unsafe { x86::attend_dispatch(kv, &args, &mut scores, out) }
             }
             l => portable(l, kv, &args, &mut scores, out),
@@ -163,7 +179,7 @@ fn portable(level: SimdLevel, kv: &KvHead, a: &Args, scores: &mut [f32], out: &m
         let n = a.n_ctx0 + r;
         let mut max = f32::NEG_INFINITY;
         for (p, sc) in scores[..n].iter_mut().enumerate() {
-            widen(&kv.k[kv.at(p)..][..hd], &mut wide);
+            kv.key(p, &mut wide);
             *sc = super::dot_f32_with(level, qr, &wide) * a.scale;
             max = max.max(*sc);
         }
@@ -174,7 +190,7 @@ fn portable(level: SimdLevel, kv: &KvHead, a: &Args, scores: &mut [f32], out: &m
         }
         o.fill(0.0);
         for (p, &w) in scores[..n].iter().enumerate() {
-            widen(&kv.v[kv.at(p)..][..hd], &mut wide);
+            widen(&kv.v[kv.value_at(p)..][..hd], &mut wide);
             super::axpy_with(level, w / sum, &wide, o);
         }
     }
@@ -189,8 +205,6 @@ mod x86 {
 
     /// Most 16-float vectors per head.
     pub(super) const MAX_VECS: usize = 8;
-    /// How many positions ahead keys are fetched.
-    const KEY_AHEAD: usize = 8;
 
     /// Asks for the cache line at `p` into L1.
     #[inline(always)]
@@ -208,15 +222,6 @@ mod x86 {
     unsafe fn load_f16(mask: __mmask16, p: *const u16) -> __m512 {
         // SAFETY: masked to readable values (caller's promise).
         _mm512_cvtph_ps(unsafe { _mm256_maskz_loadu_epi16(mask, p as *const i16) })
-    }
-
-    /// Sums of the lanes of `v[0..8]`, in lanes `0..8` of the result.
-    #[target_feature(enable = "avx512f")]
-    fn hsum8(v: [__m512; 8]) -> __m256 {
-        let s = super::super::avx512::hsum8(v);
-        // v[k] is in lane 4k, v[4 + k] in lane 4k + 1.
-        let idx = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 13, 9, 5, 1, 12, 8, 4, 0);
-        _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, s))
     }
 
     /// [`attend`] for `hd.div_ceil(16)` vectors, heads in groups of up to four (or two for
@@ -278,12 +283,11 @@ mod x86 {
         let sp: [*mut f32; H] = std::array::from_fn(|g| base.wrapping_add(g * a.pad));
         for (r, o) in out.chunks_exact_mut(a.heads * hd).enumerate() {
             let n = a.n_ctx0 + r;
-            for (g, &sg) in sp.iter().enumerate() {
-                let qh = a.q[r * a.q_stride + (g0 + g) * hd..].as_ptr();
-                // SAFETY: the head's query holds `hd` floats, keys `at + hd` lie inside the key
-                // cache, and `sg` has `a.pad >= n` rounded up to 16 floats.
-                unsafe { exp_scores::<NV>(kv, qh, mask, n, a.scale, g == 0, sg) };
-            }
+            let qh: [*const f32; H] =
+                std::array::from_fn(|g| a.q[r * a.q_stride + (g0 + g) * hd..].as_ptr());
+            // SAFETY: each head's query holds `hd` floats, the positions' blocks lie inside both
+            // caches, and each `sp[g]` has `a.pad >= n` rounded up to 16 floats.
+            unsafe { exp_scores::<H>(kv, qh, n, a.scale, sp) };
             // The sums in order and the weights divided by them, as the portable path does
             // (the heads' sums interleaved: each is a chain of dependent additions).
             let mut sum = [0f32; H];
@@ -305,7 +309,7 @@ mod x86 {
             }
             let mut acc = [[_mm512_setzero_ps(); NV]; H];
             for p in 0..n {
-                let at = kv.at(p);
+                let at = kv.value_at(p);
                 // SAFETY: `p < n <= a.pad`.
                 let w: [__m512; H] =
                     std::array::from_fn(|g| _mm512_set1_ps(unsafe { *sp[g].add(p) }));
@@ -329,71 +333,69 @@ mod x86 {
         }
     }
 
-    /// Writes `exp(score - max score)` of query `q` over positions `0..n` to `s[0..n]`; with
-    /// `fetch`, also asks for the keys eight positions ahead and the values of each position
-    /// (the KV cache of a decode step mostly comes from memory).
+    /// Writes `exp(score - max score)` of each query `q[g]` over positions `0..n` to
+    /// `s[g][0..n]`, a block of 16 positions at a time: per element `d` of the head, one load of
+    /// the 16 keys' element `d` and an FMA with `q[g][d]` broadcast for each head (two chains per
+    /// head, even and odd `d`). Asks for the next block's keys and this block's values ahead of
+    /// use (the KV cache of a decode step mostly comes from memory).
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL; `q` holds the `hd` floats `mask` selects; every position's key lies inside the
-    /// key cache; `s` holds `n` rounded up to 16 floats.
+    /// AVX-512 F/BW/VL; `kv.block_size == 16`; each `q[g]` holds `kv.head_dim` floats; the blocks
+    /// of positions `0..n` lie inside both caches; each `s[g]` holds `n` rounded up to 16 floats.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn exp_scores<const NV: usize>(
+    unsafe fn exp_scores<const H: usize>(
         kv: &KvHead,
-        q: *const f32,
-        mask: impl Fn(usize) -> __mmask16,
+        q: [*const f32; H],
         n: usize,
         scale: f32,
-        fetch: bool,
-        s: *mut f32,
+        s: [*mut f32; H],
     ) {
-        let (kp, vp) = (kv.k.as_ptr(), kv.v.as_ptr());
-        // Cache lines of one position's head: 32 f16 each.
-        let lines = NV.div_ceil(2);
-        // SAFETY: masked to the query's floats.
-        let qv: [__m512; NV] =
-            std::array::from_fn(|j| unsafe { _mm512_maskz_loadu_ps(mask(j), q.add(16 * j)) });
-        // Scores, eight positions at a time (the last chunk padded with repeats of n - 1).
-        let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
-        for p0 in (0..n).step_by(8) {
-            if fetch {
-                for p in p0..(p0 + 8).min(n) {
-                    let (ka, va) = (kv.at((p + KEY_AHEAD).min(n - 1)), kv.at(p));
-                    for l in 0..lines {
-                        prefetch(kp.wrapping_add(ka + 32 * l));
-                        prefetch(vp.wrapping_add(va + 32 * l));
-                    }
+        let (kp, vp, hd) = (kv.k.as_ptr(), kv.v.as_ptr(), kv.head_dim);
+        let n_blocks = n.div_ceil(16);
+        let mut vmax = [_mm512_set1_ps(f32::NEG_INFINITY); H];
+        for b in 0..n_blocks {
+            let base = kv.blocks[b] as usize * kv.block_stride;
+            // 32 f16 a cache line; a block's keys (and values) are `16 * hd` contiguous ones.
+            if let Some(&next) = kv.blocks[..n_blocks].get(b + 1) {
+                let next = next as usize * kv.block_stride;
+                for l in (0..16 * hd).step_by(32) {
+                    prefetch(kp.wrapping_add(next + l));
                 }
             }
-            let acc: [__m512; 8] = std::array::from_fn(|i| {
-                let at = kv.at((p0 + i).min(n - 1));
-                // Even and odd vectors in two sums, as `dot_f32` adds them.
-                let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-                for (j, &qj) in qv.iter().enumerate() {
-                    // SAFETY: the key lies inside the key cache (caller's promise).
-                    let k = unsafe { load_f16(mask(j), kp.add(at + 16 * j)) };
-                    if j % 2 == 0 {
-                        even = _mm512_fmadd_ps(qj, k, even);
-                    } else {
-                        odd = _mm512_fmadd_ps(qj, k, odd);
-                    }
+            for l in (0..16 * hd).step_by(32) {
+                prefetch(vp.wrapping_add(base + l));
+            }
+            let mut acc = [[_mm512_setzero_ps(); 2]; H];
+            for d in 0..hd {
+                // SAFETY: element `d` of the block's 16 keys (caller's promise).
+                let k = unsafe { load_f16(0xFFFF, kp.add(base + 16 * d)) };
+                for (acc_g, &qg) in acc.iter_mut().zip(&q) {
+                    // SAFETY: `d < hd` floats of the query.
+                    let qd = _mm512_set1_ps(unsafe { *qg.add(d) });
+                    acc_g[d % 2] = _mm512_fmadd_ps(qd, k, acc_g[d % 2]);
                 }
-                _mm512_add_ps(even, odd)
-            });
-            let sc = _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale));
-            // SAFETY: `p0 + 8 <= n` rounded up to 16.
-            unsafe { _mm256_storeu_ps(s.add(p0), sc) };
-            vmax = _mm256_max_ps(vmax, sc);
+            }
+            // Positions past `n` (the end of the last block) score -inf: weight 0.
+            let live: __mmask16 = (u32::MAX >> (32 - (n - 16 * b).min(16))) as __mmask16;
+            for ((acc_g, vmax_g), &sg) in acc.iter().zip(vmax.iter_mut()).zip(&s) {
+                let sc = _mm512_mul_ps(_mm512_add_ps(acc_g[0], acc_g[1]), _mm512_set1_ps(scale));
+                let sc = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), live, sc);
+                // SAFETY: `16 * b + 16 <= n` rounded up to 16.
+                unsafe { _mm512_storeu_ps(sg.add(16 * b), sc) };
+                *vmax_g = _mm512_max_ps(*vmax_g, sc);
+            }
         }
-        let max = _mm512_mask_reduce_max_ps(0x00FF, _mm512_castps256_ps512(vmax));
-        let max = _mm256_set1_ps(max);
-        for p0 in (0..n).step_by(8) {
-            // SAFETY: as above.
-            unsafe {
-                _mm256_storeu_ps(
-                    s.add(p0),
-                    exp(_mm256_sub_ps(_mm256_loadu_ps(s.add(p0)), max)),
-                )
-            };
+        for (&vmax_g, &sg) in vmax.iter().zip(&s) {
+            let max = _mm256_set1_ps(_mm512_reduce_max_ps(vmax_g));
+            for p0 in (0..n).step_by(8) {
+                // SAFETY: `p0 + 8 <= n` rounded up to 16.
+                unsafe {
+                    _mm256_storeu_ps(
+                        sg.add(p0),
+                        exp(_mm256_sub_ps(_mm256_loadu_ps(sg.add(p0)), max)),
+                    )
+                };
+            }
         }
     }
 }

@@ -243,35 +243,3 @@ unsafe fn q8_0_tile<const R: usize, const C: usize>(
         }
     }
 }
-
-/// Sums of the 16 lanes of each of `v[0..8]`: `v[k]` in lane `4k`, `v[4 + k]` in lane `4k + 1`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-pub(super) fn hsum8(v: [__m512; 8]) -> __m512 {
-    // 8 → 4: fold 256-bit halves pairwise (lanes 0..8 from v[2i], 8..16 from v[2i + 1]).
-    let s: [__m512; 4] = std::array::from_fn(|i| {
-        let (a, b) = (v[2 * i], v[2 * i + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
-            _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
-        )
-    });
-    // 4 → 2: 128-bit lane `q` of t[j] holds four partial sums of v[4j + q].
-    let t: [__m512; 2] = std::array::from_fn(|j| {
-        let (a, b) = (s[2 * j], s[2 * j + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
-            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
-        )
-    });
-    // 2 → 1: per 128-bit lane k, two partial sums of v[k], then two of v[4 + k].
-    let (a, b) = (_mm512_castps_pd(t[0]), _mm512_castps_pd(t[1]));
-    let u = _mm512_add_ps(
-        _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-        _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
-    );
-    _mm512_add_ps(
-        _mm512_shuffle_ps::<0b10_00_10_00>(u, u),
-        _mm512_shuffle_ps::<0b11_01_11_01>(u, u),
-    )
-}

@@ -1,10 +1,10 @@
-//! Attention kernels: against an f64 reference and, bit for bit, the per-position path.
+//! Attention kernels: against an f64 reference, and rows against the same rows in other calls.
 
 use super::*;
 
-/// Attention over a scattered block table against an f64 reference and, bit for bit, the
-/// per-position `dot_f32`/`exp`/`axpy` path, for head sizes with and without a partial vector,
-/// groups of one to five query heads and contexts across several blocks.
+/// Attention over a scattered block table against an f64 reference, and against the portable
+/// path, for head sizes with and without a partial vector, groups of one to five query heads,
+/// block sizes the AVX-512 path takes (16) and others, and contexts across several blocks.
 #[test]
 fn attention_rows_match_reference() {
     let mut rng = Rng(7);
@@ -14,39 +14,45 @@ fn attention_rows_match_reference() {
         (8, 4, 1, 2, 9),
         (40, 5, 5, 4, 130),
         (128, 16, 2, 2, 20),
+        (40, 16, 4, 1, 33),
     ];
     for (hd, bs, heads, n_rows, n_ctx0) in cases {
-        let stride = 3 * hd + 5;
         let n_max = n_ctx0 + n_rows - 1;
         let n_blocks = n_max.div_ceil(bs);
-        // Blocks in reverse order, with gaps.
+        // Blocks in reverse order, with gaps, and space between blocks.
         let blocks: Vec<u32> = (0..n_blocks as u32).rev().map(|b| 2 * b + 1).collect();
+        let block_stride = bs * hd + 7;
         let slots = (2 * n_blocks + 2) * bs;
-        // Keys large enough for peaked softmaxes (scores of a few tens).
-        let k: Vec<f32> = (0..slots * stride)
-            .map(|_| f16::from_f32(rng.uniform(-3.0, 3.0)).to_f32())
+        // Keys large enough for peaked softmaxes (scores of a few tens), values exact in f16,
+        // `[position][hd]` in position order.
+        let f16_exact = |x: f32| f16::from_f32(x).to_f32();
+        let k: Vec<f32> = (0..n_max * hd)
+            .map(|_| f16_exact(rng.uniform(-3.0, 3.0)))
             .collect();
-        let v: Vec<f32> = random_acts(&mut rng, slots * stride)
+        let v: Vec<f32> = random_acts(&mut rng, n_max * hd)
             .into_iter()
-            .map(|x| f16::from_f32(x).to_f32())
+            .map(f16_exact)
             .collect();
-        let bits =
-            |x: &[f32]| -> Vec<u16> { x.iter().map(|&x| f16::from_f32(x).to_bits()).collect() };
-        let (kb, vb) = (bits(&k), bits(&v));
+        let (mut kc, mut vc) = (vec![0u16; slots * block_stride / bs + hd], vec![0u16; 0]);
+        vc.resize(kc.len(), 0);
+        for p in 0..n_max {
+            let (base, i) = (blocks[p / bs] as usize * block_stride, p % bs);
+            for d in 0..hd {
+                kc[base + d * bs + i] = f16::from_f32(k[p * hd + d]).to_bits();
+                vc[base + i * hd + d] = f16::from_f32(v[p * hd + d]).to_bits();
+            }
+        }
         let q_stride = heads * hd + 3;
         let q = random_acts(&mut rng, n_rows * q_stride);
         let scale = 1.0 / (hd as f32).sqrt();
-        let off = hd;
         let kv = KvHead {
-            k: &kb,
-            v: &vb,
-            stride,
-            block_stride: bs * stride,
-            off,
+            k: &kc,
+            v: &vc,
+            head_dim: hd,
+            block_stride,
             blocks: &blocks,
             block_size: bs,
         };
-        let at = |p: usize| (blocks[p / bs] as usize * bs + p % bs) * stride + off;
         let mut want = vec![0f32; n_rows * heads * hd];
         for (i, w) in want.chunks_exact_mut(hd).enumerate() {
             let (r, g) = (i / heads, i % heads);
@@ -55,7 +61,7 @@ fn attention_rows_match_reference() {
                 .map(|p| {
                     let dot: f64 = qr
                         .iter()
-                        .zip(&k[at(p)..])
+                        .zip(&k[p * hd..])
                         .map(|(&a, &b)| a as f64 * b as f64)
                         .sum();
                     dot * scale as f64
@@ -68,7 +74,7 @@ fn attention_rows_match_reference() {
                 let o: f64 = e
                     .iter()
                     .enumerate()
-                    .map(|(p, x)| x / z * v[at(p) + t] as f64)
+                    .map(|(p, x)| x / z * v[p * hd + t] as f64)
                     .sum();
                 *wt = o as f32;
             }
@@ -82,11 +88,21 @@ fn attention_rows_match_reference() {
             attention::portable_for_test(
                 level, &kv, &q, q_stride, hd, heads, n_ctx0, scale, &mut calls,
             );
-            let same = got
-                .iter()
-                .zip(&calls)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{}: not the per-position result", what(level));
+            assert_close(&calls, &want, 2e-6, &format!("{} portable", what(level)));
+            // Each row alone, and each head alone, gives the same bits as the whole call.
+            for r in 0..n_rows {
+                for g in 0..heads {
+                    let mut one = vec![f32::NAN; hd];
+                    let qg = &q[r * q_stride + g * hd..];
+                    attend_rows_with(level, &kv, qg, q_stride, hd, 1, n_ctx0 + r, scale, &mut one);
+                    let at = (r * heads + g) * hd;
+                    let same = one
+                        .iter()
+                        .zip(&got[at..at + hd])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{}: row {r} head {g} alone differs", what(level));
+                }
+            }
         }
     }
 }
