@@ -127,9 +127,11 @@ pub fn attend(
 
 #[cfg(test)]
 mod tests {
+    use super::super::{CpuBackend, CpuKv};
     use super::*;
+    use crate::backend::Backend;
     use crate::generate::Rng;
-    use crate::kv::BLOCK_SIZE;
+    use crate::kv::{KvSpec, BLOCK_SIZE};
 
     /// Dense reference: one sequence, contiguous positions.
     fn reference(shape: AttnShape, n: usize, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
@@ -167,48 +169,14 @@ mod tests {
         out
     }
 
-    /// A one-layer cache of `n_blocks` blocks in [`LayerKv`]'s layout.
-    struct Cache {
-        data: Vec<u16>,
-        n_kv_heads: usize,
-        hd: usize,
-    }
-
-    impl Cache {
-        fn new(shape: AttnShape, n_blocks: usize) -> Self {
-            let (n_kv_heads, hd) = (shape.n_kv_heads, shape.head_dim);
-            Cache {
-                data: vec![0; n_blocks * 2 * n_kv_heads * BLOCK_SIZE * hd],
-                n_kv_heads,
-                hd,
-            }
-        }
-
-        fn layer(&self) -> LayerKv<'_> {
-            let plane = self.n_kv_heads * BLOCK_SIZE * self.hd;
-            LayerKv {
-                cache: &self.data,
-                keys: 0,
-                values: plane,
-                head: BLOCK_SIZE * self.hd,
-                block: 2 * plane,
-            }
-        }
-
-        /// Stores one position's keys and values (`[kv_head][hd]` each) in `slot`.
-        fn store(&mut self, slot: usize, k: &[f32], v: &[f32]) {
-            let l = self.layer();
-            let (keys, values, head, block, hd) = (l.keys, l.values, l.head, l.block, self.hd);
-            let (b, i) = (slot / BLOCK_SIZE, slot % BLOCK_SIZE);
-            for h in 0..self.n_kv_heads {
-                let at = b * block + h * head;
-                for t in 0..hd {
-                    let bits = |x: f32| half::f16::from_f32(x).to_bits();
-                    self.data[keys + at + t * BLOCK_SIZE + i] = bits(k[h * hd + t]);
-                    self.data[values + at + i * hd + t] = bits(v[h * hd + t]);
-                }
-            }
-        }
+    /// A one-layer KV cache of `n_blocks` blocks, as the backend lays it out and stores it.
+    fn cache(shape: AttnShape, n_blocks: usize) -> CpuKv {
+        let spec = KvSpec {
+            n_layers: 1,
+            n_blocks,
+            kv_dim: shape.n_kv_heads * shape.head_dim,
+        };
+        CpuBackend::new(1).alloc_kv(spec).expect("mapped")
     }
 
     /// Values an f16 cache holds exactly.
@@ -233,22 +201,26 @@ mod tests {
         let (k, v) = (f16_exact(rnd(n * kv_dim)), f16_exact(rnd(n * kv_dim)));
         // Scatter keys/values into non-contiguous blocks 5, 1, 3.
         let blocks = [5u32, 1, 3];
-        let mut cache = Cache::new(shape, 6);
+        let mut cache = cache(shape, 6);
         let seq = SeqRows {
             start: 0,
             len: n,
             pos: 0,
             blocks: &blocks,
         };
-        for p in 0..n {
-            let row = p * kv_dim..(p + 1) * kv_dim;
-            cache.store(seq.slot(p), &k[row.clone()], &v[row]);
-        }
+        cache.store(0, shape.head_dim, &[seq], &k, &v);
         let want = reference(shape, n, &q, &k, &v);
         for threads in [1, 2] {
             let pool = ThreadPool::new(threads);
             let mut out = vec![0.0; n * 32];
-            attend(&pool, shape, &[seq], &q, cache.layer(), &mut out);
+            attend(
+                &pool,
+                shape,
+                &[seq],
+                &q,
+                cache.layer(0, shape.head_dim),
+                &mut out,
+            );
             for (a, b) in out.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-5, "{a} vs {b}");
             }
@@ -261,7 +233,14 @@ mod tests {
             };
             let mut one = vec![0.0; 32];
             let q_last = &q[(n - 1) * 32..];
-            attend(&pool, shape, &[last], q_last, cache.layer(), &mut one);
+            attend(
+                &pool,
+                shape,
+                &[last],
+                q_last,
+                cache.layer(0, shape.head_dim),
+                &mut one,
+            );
             for (a, b) in one.iter().zip(&want[(n - 1) * 32..]) {
                 assert!((a - b).abs() < 1e-5);
             }
@@ -280,10 +259,16 @@ mod tests {
         let (q_width, kv_dim) = (9 * 64, 3 * 64);
         let mut rng = Rng::new(11);
         let mut rnd = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.next_f32() - 0.5).collect() };
-        let mut cache = Cache::new(shape, 12);
-        for slot in 0..12 * BLOCK_SIZE {
-            cache.store(slot, &rnd(kv_dim), &rnd(kv_dim));
-        }
+        let mut cache = cache(shape, 12);
+        let every: Vec<u32> = (0..12).collect();
+        let all_slots = SeqRows {
+            start: 0,
+            len: 12 * BLOCK_SIZE,
+            pos: 0,
+            blocks: &every,
+        };
+        let (k, v) = (rnd(12 * BLOCK_SIZE * kv_dim), rnd(12 * BLOCK_SIZE * kv_dim));
+        cache.store(0, shape.head_dim, &[all_slots], &k, &v);
         let tables: [&[u32]; 4] = [&[3, 0], &[7], &[1, 9, 4], &[11, 2, 5, 6]];
         let positions = [20, 9, 40, 51];
         let q = rnd(4 * q_width);
@@ -297,12 +282,26 @@ mod tests {
             .collect();
         let pool = ThreadPool::new(2);
         let mut all = vec![0.0; 4 * q_width];
-        attend(&pool, shape, &seqs, &q, cache.layer(), &mut all);
+        attend(
+            &pool,
+            shape,
+            &seqs,
+            &q,
+            cache.layer(0, shape.head_dim),
+            &mut all,
+        );
         for (i, seq) in seqs.iter().enumerate() {
             let alone = SeqRows { start: 0, ..*seq };
             let mut one = vec![0.0; q_width];
             let qi = &q[i * q_width..(i + 1) * q_width];
-            attend(&pool, shape, &[alone], qi, cache.layer(), &mut one);
+            attend(
+                &pool,
+                shape,
+                &[alone],
+                qi,
+                cache.layer(0, shape.head_dim),
+                &mut one,
+            );
             let want = &all[i * q_width..(i + 1) * q_width];
             assert!(one
                 .iter()

@@ -34,12 +34,11 @@ fn sum_of_squares(x: &[f32]) -> f32 {
     acc.iter().sum()
 }
 
-/// Rotary position embedding over rows of `n_heads` heads of `head_dim`, rotating adjacent pairs
-/// `(2i, 2i+1)` of the first `rope_dims` dimensions by `pos * base^(-2i / rope_dims)` (llama.cpp's
-/// "normal" RoPE, which Llama GGUFs expect since their Q and K are pre-permuted).
-///
-/// The rotations of one batch's positions: the same for Q and K and for every layer of a
-/// forward pass, so computed once (a `sin_cos` per row and pair).
+/// The rotary position embedding of one batch's positions: rotating adjacent pairs `(2i, 2i+1)`
+/// of the first `rope_dims` dimensions of each head by `pos * base^(-2i / rope_dims)` (llama.cpp's
+/// "normal" RoPE, which Llama GGUFs expect since their Q and K are pre-permuted). The rotations
+/// are the same for Q and K and for every layer of a forward pass, so computed once (a `sin_cos`
+/// per row and pair).
 #[derive(Debug, Default)]
 pub struct RopeTable {
     positions: Vec<u32>,

@@ -49,8 +49,7 @@ impl<T: Plain> HugeBuf<T> {
         let bytes = len
             .checked_mul(size_of::<T>())
             .ok_or_else(|| Error::InvalidRequest(format!("a buffer of {len} elements")))?;
-        let map = map_huge(bytes)?;
-        let start = map.as_ptr().align_offset(HUGE_PAGE).min(HUGE_PAGE);
+        let (map, start) = map_huge(bytes)?;
         Ok(HugeBuf {
             map,
             start,
@@ -116,8 +115,7 @@ impl Arena {
             let fits = matches!(&*current, Some((c, used)) if used + need <= c.len);
             if !fits {
                 let bytes = need.max(CHUNK);
-                let mut map = map_huge(bytes)?;
-                let start = map.as_ptr().align_offset(HUGE_PAGE).min(HUGE_PAGE);
+                let (mut map, start) = map_huge(bytes)?;
                 let base = map[start..].as_mut_ptr();
                 let chunk = Chunk {
                     _map: map,
@@ -154,9 +152,9 @@ impl Slab {
     }
 }
 
-/// An anonymous zeroed mapping of `bytes` plus a huge page (for alignment), advised for huge
-/// pages.
-fn map_huge(bytes: usize) -> Result<MmapMut> {
+/// An anonymous zeroed mapping of `bytes` plus a huge page, advised for huge pages, and the
+/// offset of its first huge-page boundary (where `bytes` of it start).
+fn map_huge(bytes: usize) -> Result<(MmapMut, usize)> {
     let total = bytes
         .checked_add(HUGE_PAGE)
         .ok_or_else(|| Error::InvalidRequest(format!("a buffer of {bytes} bytes")))?;
@@ -164,7 +162,8 @@ fn map_huge(bytes: usize) -> Result<MmapMut> {
         .map_err(|e| Error::InvalidRequest(format!("cannot map {total} bytes: {e}")))?;
     // Only advice: without huge pages the buffer works the same, slower.
     let _ = map.advise(Advice::HugePage);
-    Ok(map)
+    let start = map.as_ptr().align_offset(HUGE_PAGE).min(HUGE_PAGE);
+    Ok((map, start))
 }
 
 #[cfg(test)]
