@@ -260,9 +260,9 @@ mod x86 {
     /// Heads `g0..g0 + H` of every row (see [`super::attend_rows`]).
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL; `a.hd <= 16 * NV`; the caches hold every slot of the blocks of the positions
-    /// used and `kv.off + hd <= kv.stride`; `a.q` holds every row's heads; `scores` holds
-    /// `H` runs of `a.pad` floats; `out` holds the rows' `a.heads * hd` floats.
+    /// AVX-512 F/BW/VL; `a.hd <= 16 * NV` and `kv.head_dim == a.hd`; `kv.block_size == 16`; the
+    /// blocks of the positions used lie inside both caches; `a.q` holds every row's heads;
+    /// `scores` holds `H` runs of `a.pad` floats; `out` holds the rows' `a.heads * hd` floats.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn attend<const NV: usize, const H: usize>(
         kv: &KvHead,
@@ -316,7 +316,8 @@ mod x86 {
                 // `j` picks the lane mask, the value vector and the accumulator column alike.
                 #[allow(clippy::needless_range_loop)]
                 for j in 0..NV {
-                    // SAFETY: `at + hd` lies inside the value cache (caller's promise).
+                    // SAFETY: position `p`'s value (`hd` from `at`) lies inside the value cache
+                    // (caller's promise).
                     let v = unsafe { load_f16(mask(j), vp.add(at + 16 * j)) };
                     for (acc_g, &w_g) in acc.iter_mut().zip(&w) {
                         acc_g[j] = _mm512_fmadd_ps(w_g, v, acc_g[j]);
