@@ -65,8 +65,9 @@ thread_local! {
 /// K[p]) · V[p]` over positions `p < n_ctx0 + r`, with `q = q[r * q_stride + g * hd..][..hd]`;
 /// `out.len()` is a multiple of `heads * hd`. A row's result does not depend on the other rows or
 /// on how heads are grouped into calls; levels agree within float tolerance (the AVX-512 path
-/// sums each score over the head's elements in two interleaved chains, the portable one in
-/// vector lanes).
+/// sums each score over the head's elements in two interleaved chains and the weights in 8
+/// lanes, and divides the weighted sum of values once; the portable path sums in order and
+/// divides each weight).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
     kv: &KvHead,
@@ -287,26 +288,7 @@ mod x86 {
                 std::array::from_fn(|g| a.q[r * a.q_stride + (g0 + g) * hd..].as_ptr());
             // SAFETY: each head's query holds `hd` floats, the positions' blocks lie inside both
             // caches, and each `sp[g]` has `a.pad >= n` rounded up to 16 floats.
-            unsafe { exp_scores::<H>(kv, qh, n, a.scale, sp) };
-            // The sums in order and the weights divided by them, as the portable path does
-            // (the heads' sums interleaved: each is a chain of dependent additions).
-            let mut sum = [0f32; H];
-            for p in 0..n {
-                for (sum_g, &sg) in sum.iter_mut().zip(&sp) {
-                    // SAFETY: `p < n <= a.pad`.
-                    *sum_g += unsafe { *sg.add(p) };
-                }
-            }
-            for (&sum_g, &sg) in sum.iter().zip(&sp) {
-                let sum_g = _mm512_set1_ps(sum_g);
-                for p0 in (0..n).step_by(16) {
-                    // SAFETY: `p0 + 16 <= n` rounded up to 16 `<= a.pad`.
-                    unsafe {
-                        let w = _mm512_div_ps(_mm512_loadu_ps(sg.add(p0)), sum_g);
-                        _mm512_storeu_ps(sg.add(p0), w);
-                    }
-                }
-            }
+            let sum = unsafe { exp_scores::<H>(kv, qh, n, a.scale, sp) };
             let mut acc = [[_mm512_setzero_ps(); NV]; H];
             for p in 0..n {
                 let at = kv.value_at(p);
@@ -324,18 +306,22 @@ mod x86 {
                     }
                 }
             }
-            for (g, acc_g) in acc.iter().enumerate() {
+            // The weighted sum of values, divided by the sum of the weights once at the end.
+            for (g, (acc_g, &sum_g)) in acc.iter().zip(&sum).enumerate() {
                 let dst = o[(g0 + g) * hd..][..hd].as_mut_ptr();
+                let sum_g = _mm512_set1_ps(sum_g);
                 for (j, &v) in acc_g.iter().enumerate() {
                     // SAFETY: the head's output holds `hd` floats; the store is masked to them.
-                    unsafe { _mm512_mask_storeu_ps(dst.add(16 * j), mask(j), v) };
+                    unsafe {
+                        _mm512_mask_storeu_ps(dst.add(16 * j), mask(j), _mm512_div_ps(v, sum_g))
+                    };
                 }
             }
         }
     }
 
     /// Writes `exp(score - max score)` of each query `q[g]` over positions `0..n` to
-    /// `s[g][0..n]`, a block of 16 positions at a time: per element `d` of the head, one load of
+    /// `s[g][0..n]` and returns their sums, a block of 16 positions at a time: per element `d` of the head, one load of
     /// the 16 keys' element `d` and an FMA with `q[g][d]` broadcast for each head (two chains per
     /// head, even and odd `d`). Asks for the next block's keys and this block's values ahead of
     /// use (the KV cache of a decode step mostly comes from memory).
@@ -350,7 +336,7 @@ mod x86 {
         n: usize,
         scale: f32,
         s: [*mut f32; H],
-    ) {
+    ) -> [f32; H] {
         let (kp, vp, hd) = (kv.k.as_ptr(), kv.v.as_ptr(), kv.head_dim);
         let n_blocks = n.div_ceil(16);
         let mut vmax = [_mm512_set1_ps(f32::NEG_INFINITY); H];
@@ -366,38 +352,48 @@ mod x86 {
             for l in (0..16 * hd).step_by(32) {
                 prefetch(vp.wrapping_add(base + l));
             }
-            let mut acc = [[_mm512_setzero_ps(); 2]; H];
-            for d in 0..hd {
-                // SAFETY: element `d` of the block's 16 keys (caller's promise).
+            // Two chains a head, for even and odd `d`, each in its own register.
+            let mut even = [_mm512_setzero_ps(); H];
+            let mut odd = [_mm512_setzero_ps(); H];
+            let fma = |acc: &mut [__m512; H], d: usize| {
+                // SAFETY: element `d < hd` of the block's 16 keys (caller's promise).
                 let k = unsafe { load_f16(0xFFFF, kp.add(base + 16 * d)) };
                 for (acc_g, &qg) in acc.iter_mut().zip(&q) {
                     // SAFETY: `d < hd` floats of the query.
                     let qd = _mm512_set1_ps(unsafe { *qg.add(d) });
-                    acc_g[d % 2] = _mm512_fmadd_ps(qd, k, acc_g[d % 2]);
+                    *acc_g = _mm512_fmadd_ps(qd, k, *acc_g);
                 }
+            };
+            for d in (0..hd - 1).step_by(2) {
+                fma(&mut even, d);
+                fma(&mut odd, d + 1);
+            }
+            if hd % 2 == 1 {
+                fma(&mut even, hd - 1);
             }
             // Positions past `n` (the end of the last block) score -inf: weight 0.
             let live: __mmask16 = (u32::MAX >> (32 - (n - 16 * b).min(16))) as __mmask16;
-            for ((acc_g, vmax_g), &sg) in acc.iter().zip(vmax.iter_mut()).zip(&s) {
-                let sc = _mm512_mul_ps(_mm512_add_ps(acc_g[0], acc_g[1]), _mm512_set1_ps(scale));
+            for (((&even_g, &odd_g), vmax_g), &sg) in even.iter().zip(&odd).zip(&mut vmax).zip(&s) {
+                let sc = _mm512_mul_ps(_mm512_add_ps(even_g, odd_g), _mm512_set1_ps(scale));
                 let sc = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), live, sc);
                 // SAFETY: `16 * b + 16 <= n` rounded up to 16.
                 unsafe { _mm512_storeu_ps(sg.add(16 * b), sc) };
                 *vmax_g = _mm512_max_ps(*vmax_g, sc);
             }
         }
-        for (&vmax_g, &sg) in vmax.iter().zip(&s) {
-            let max = _mm256_set1_ps(_mm512_reduce_max_ps(vmax_g));
+        std::array::from_fn(|g| {
+            let (max, sg) = (_mm256_set1_ps(_mm512_reduce_max_ps(vmax[g])), s[g]);
+            let mut sum = _mm256_setzero_ps();
             for p0 in (0..n).step_by(8) {
-                // SAFETY: `p0 + 8 <= n` rounded up to 16.
+                // SAFETY: `p0 + 8 <= n` rounded up to 16; past `n` the scores are -inf.
                 unsafe {
-                    _mm256_storeu_ps(
-                        sg.add(p0),
-                        exp(_mm256_sub_ps(_mm256_loadu_ps(sg.add(p0)), max)),
-                    )
-                };
+                    let e = exp(_mm256_sub_ps(_mm256_loadu_ps(sg.add(p0)), max));
+                    _mm256_storeu_ps(sg.add(p0), e);
+                    sum = _mm256_add_ps(sum, e);
+                }
             }
-        }
+            _mm512_reduce_add_ps(_mm512_zextps256_ps512(sum))
+        })
     }
 }
 
