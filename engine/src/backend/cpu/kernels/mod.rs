@@ -283,11 +283,54 @@ unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
 
-/// One matrix's share of the task list.
-struct Plan {
-    first_task: usize,
-    row_chunk: usize,
-    row_chunks: usize,
+/// Rows per unit of a task's run (a lane kernel's tile).
+const ROW_UNIT: usize = 16;
+/// Runs in each thread's share of a product: with per-thread shares, a few balance as well as
+/// many, at less cost per call.
+const RUNS_PER_THREAD: usize = 4;
+
+/// The rows of several matrices laid end to end (each padded to whole units of [`ROW_UNIT`]) and
+/// cut into [`RUNS_PER_THREAD`] runs a thread of nearly equal length.
+struct RowRuns {
+    /// First unit of each matrix, and the total at the end.
+    starts: Vec<usize>,
+    /// Rows of each matrix.
+    rows: Vec<usize>,
+    runs: usize,
+}
+
+impl RowRuns {
+    fn new(ws: &[QMatrix], threads: usize) -> Self {
+        let mut starts = vec![0];
+        for w in ws {
+            starts.push(starts[starts.len() - 1] + w.rows.div_ceil(ROW_UNIT));
+        }
+        RowRuns {
+            rows: ws.iter().map(|w| w.rows).collect(),
+            starts,
+            runs: threads.max(1) * RUNS_PER_THREAD,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.runs
+    }
+
+    /// The first unit of run `k` (`k == len()` gives the end).
+    fn boundary(&self, k: usize) -> usize {
+        k * self.starts[self.rows.len()] / self.runs
+    }
+
+    /// Run `k`'s pieces: (matrix, its rows), in order; none for an empty run.
+    fn pieces(&self, k: usize) -> impl Iterator<Item = (usize, Range<usize>)> + '_ {
+        let (u0, u1) = (self.boundary(k), self.boundary(k + 1));
+        (0..self.rows.len()).filter_map(move |j| {
+            let (s, e) = (self.starts[j].max(u0), self.starts[j + 1].min(u1));
+            let first = (s - self.starts[j]) * ROW_UNIT;
+            let last = ((e.max(s) - self.starts[j]) * ROW_UNIT).min(self.rows[j]);
+            (first < last).then_some((j, first..last))
+        })
+    }
 }
 
 /// [`matmul_multi`] at a chosen instruction set (lowered to what the CPU supports).
@@ -349,58 +392,39 @@ pub fn matmul_multi_with(
         None
     };
 
-    // Task shape: chunks of output rows × chunks of tokens, enough tasks to balance threads.
-    let total_rows: usize = ws.iter().map(|w| w.rows).sum();
-    let want_tasks = 16 * pool.n_threads();
-    let (row_chunk, tok_chunk) = if use_lanes {
-        // Tiles of 16 rows. With per-thread shares of tasks (see the pool), a few tasks per
-        // thread balance as well as many, at less cost per call; long prefills are also split
-        // by tokens (weights are regrouped per 8 tokens anyway).
-        let want = LANES_TASKS_PER_THREAD * pool.n_threads();
-        (
-            (total_rows / want).clamp(16, 1024).next_multiple_of(16),
-            m.min(LANES_TOKENS_PER_TASK),
-        )
+    // Tasks: the weights' rows laid end to end, in units of 16, cut into equal runs (a run may
+    // span two matrices) × chunks of tokens. Equal runs keep the threads' shares equal (see the
+    // pool; runs cut per matrix left shares up to a tenth apart). Long prefills are also split by
+    // tokens (the lane kernel regroups weights per 8 tokens anyway).
+    let tok_chunk = if use_lanes {
+        m.min(LANES_TOKENS_PER_TASK)
     } else if m > 8 {
-        (16, 64)
+        64
     } else {
-        (
-            (total_rows / want_tasks)
-                .clamp(16, 1024)
-                .next_multiple_of(4),
-            m,
-        )
+        m
     };
+    let runs = RowRuns::new(ws, pool.n_threads());
     let tok_chunks = m.div_ceil(tok_chunk);
-    let mut plans = Vec::with_capacity(ws.len());
-    let mut n_tasks = 0;
-    for w in ws {
-        let row_chunks = w.rows.div_ceil(row_chunk);
-        plans.push(Plan {
-            first_task: n_tasks,
-            row_chunk,
-            row_chunks,
-        });
-        n_tasks += row_chunks * tok_chunks;
-    }
+    let n_tasks = runs.len() * tok_chunks;
     let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
 
     let acts_ref = acts.as_ref();
     let task = |t: usize| {
-        let j = plans.partition_point(|p| p.first_task <= t) - 1;
-        let (w, plan) = (&ws[j], &plans[j]);
-        let local = t - plan.first_task;
-        let (rc, tc) = (local % plan.row_chunks, local / plan.row_chunks);
-        let rows = rc * plan.row_chunk..((rc + 1) * plan.row_chunk).min(w.rows);
+        let (run, tc) = (t % runs.len(), t / runs.len());
         let toks = tc * tok_chunk..((tc + 1) * tok_chunk).min(m);
-        match acts_ref {
-            #[cfg(target_arch = "x86_64")]
-            Some(a) if use_lanes && w.is_quantized() => {
-                let packed = w.lanes.expect("lane order checked above");
-                lanes::block(packed, a, rows, toks, outs[j])
+        for (j, rows) in runs.pieces(run) {
+            let w = &ws[j];
+            match acts_ref {
+                #[cfg(target_arch = "x86_64")]
+                Some(a) if use_lanes && w.is_quantized() => {
+                    let packed = w.lanes.expect("lane order checked above");
+                    lanes::block(packed, a, rows, toks.clone(), outs[j])
+                }
+                Some(a) if w.is_quantized() => {
+                    quant_block(level, w, a, rows, toks.clone(), outs[j])
+                }
+                _ => float::float_block(level, w, x, rows, toks.clone(), outs[j].0),
             }
-            Some(a) if w.is_quantized() => quant_block(level, w, a, rows, toks, outs[j]),
-            _ => float::float_block(level, w, x, rows, toks, outs[j].0),
         }
     };
     pool.run(n_tasks, &task);
@@ -410,8 +434,6 @@ pub fn matmul_multi_with(
     }
 }
 
-/// Tasks per thread of a product on the lanes kernel.
-const LANES_TASKS_PER_THREAD: usize = 4;
 /// Most tokens per task on the lanes kernel.
 const LANES_TOKENS_PER_TASK: usize = 64;
 

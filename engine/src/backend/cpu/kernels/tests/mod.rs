@@ -242,6 +242,41 @@ fn matmul_multi_equals_separate_matmuls() {
     }
 }
 
+/// The runs of a product cover every row of every matrix once, in order, and give each thread's
+/// share the same number of 16-row units, give or take one.
+#[test]
+fn row_runs_cover_the_rows_in_equal_shares() {
+    let data = vec![0u8; 3072 * 18 * 20];
+    for (rows, threads) in [
+        (vec![576, 192, 192], 2),
+        (vec![1536, 1536], 2),
+        (vec![576], 3),
+        (vec![45, 17, 9, 64], 2),
+        (vec![5], 4),
+    ] {
+        let ws: Vec<QMatrix> = rows
+            .iter()
+            .map(|&r| QMatrix::new(GgmlType::Q4_1, r, 32, &data[..r * 20]).expect("valid"))
+            .collect();
+        let runs = RowRuns::new(&ws, threads);
+        let mut next = vec![0; rows.len()];
+        let mut units = vec![0; threads];
+        for k in 0..runs.len() {
+            for (j, r) in runs.pieces(k) {
+                assert_eq!(
+                    r.start, next[j],
+                    "{rows:?}: matrix {j} resumes where it stopped"
+                );
+                next[j] = r.end;
+                units[k / RUNS_PER_THREAD] += r.len().div_ceil(ROW_UNIT);
+            }
+        }
+        assert_eq!(next, rows, "every row once");
+        let (lo, hi) = (units.iter().min(), units.iter().max());
+        assert!(hi.unwrap() - lo.unwrap() <= 1, "{rows:?}: shares {units:?}");
+    }
+}
+
 #[test]
 fn float_weights_match_reference() {
     let mut rng = Rng(4);
