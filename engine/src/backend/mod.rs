@@ -84,6 +84,36 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     );
     /// `outs[j] = x · ws[j]ᵀ` for `rows` rows; weights sharing one input run together.
     fn matmul(&self, ws: &[&Self::Weight], x: &Self::Buf, rows: usize, outs: &mut [&mut Self::Buf]);
+    /// `outs[j] = rms_norm(x) · ws[j]ᵀ` for `rows` rows, the normed rows left in `xn`: a norm and
+    /// the products it feeds, which a backend may run as one step.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_matmul(
+        &self,
+        x: &Self::Buf,
+        norm: &Self::Weight,
+        eps: f32,
+        rows: usize,
+        xn: &mut Self::Buf,
+        ws: &[&Self::Weight],
+        outs: &mut [&mut Self::Buf],
+    ) {
+        self.rms_norm(x, norm, eps, rows, xn);
+        self.matmul(ws, xn, rows, outs);
+    }
+    /// `x += y · wᵀ` for `rows` rows of `width` (a residual connection), the product left in
+    /// `tmp`; a backend may run it as one step.
+    fn matmul_add(
+        &self,
+        w: &Self::Weight,
+        y: &Self::Buf,
+        rows: usize,
+        width: usize,
+        tmp: &mut Self::Buf,
+        x: &mut Self::Buf,
+    ) {
+        self.matmul(&[w], y, rows, &mut [tmp]);
+        self.add_assign(x, tmp, rows * width);
+    }
     /// Rotary embedding (adjacent pairs) on rows of `n_heads` heads, row `i` at `positions[i]`.
     fn rope(
         &self,

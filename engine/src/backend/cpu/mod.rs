@@ -50,6 +50,25 @@ impl CpuBackend {
     pub fn n_threads(&self) -> usize {
         self.pool.n_threads()
     }
+
+    /// `outs[j] = x · ws[j]ᵀ` for `rows` rows, with `fused`'s operations.
+    fn fused_matmul(
+        &self,
+        ws: &[&CpuWeight],
+        x: &[f32],
+        rows: usize,
+        outs: &mut [&mut Vec<f32>],
+        fused: kernels::Fused<'_>,
+    ) {
+        let mats: Vec<QMatrix<'_>> = ws.iter().map(|w| w.matrix()).collect();
+        let mut ys: Vec<&mut [f32]> = outs
+            .iter_mut()
+            .zip(&mats)
+            .map(|(o, m)| &mut o[..rows * m.rows])
+            .collect();
+        let x = &x[..rows * mats[0].cols];
+        kernels::matmul_fused(&self.pool, &mats, x, rows, &mut ys, fused);
+    }
 }
 
 /// A weight on the CPU: matrices stay in the mapped GGUF (quantized ones also in lane order
@@ -138,15 +157,18 @@ impl CpuKv {
             for r in 0..s.len {
                 let slot = s.slot(s.pos + r);
                 let (b, i) = (slot / BLOCK_SIZE, slot % BLOCK_SIZE);
-                let row = (s.start + r) * kv_dim..(s.start + r + 1) * kv_dim;
-                to_f16(&k[row.clone()], &mut key);
+                let row = (s.start + r) * kv_dim;
+                kernels::to_f16(&k[row..row + kv_dim], &mut key);
                 for (h, key) in key.chunks_exact(hd).enumerate() {
                     let base = b * block + h * head;
+                    let dst = &mut cache[keys + base..][..hd * BLOCK_SIZE];
                     for (d, &x) in key.iter().enumerate() {
-                        cache[keys + base + d * BLOCK_SIZE + i] = x;
+                        dst[d * BLOCK_SIZE + i] = x;
                     }
-                    let from = row.start + h * hd..row.start + (h + 1) * hd;
-                    to_f16(&v[from], &mut cache[values + base + i * hd..][..hd]);
+                    kernels::to_f16(
+                        &v[row + h * hd..][..hd],
+                        &mut cache[values + base + i * hd..][..hd],
+                    );
                 }
             }
         }
@@ -236,17 +258,48 @@ impl Backend for CpuBackend {
         rows: usize,
         out: &mut Vec<f32>,
     ) {
-        ops::rms_norm(x, weight.vector(), eps, rows, out);
+        kernels::rms_norm(x, weight.vector(), eps, rows, out);
     }
 
     fn matmul(&self, ws: &[&CpuWeight], x: &Vec<f32>, rows: usize, outs: &mut [&mut Vec<f32>]) {
-        let mats: Vec<QMatrix<'_>> = ws.iter().map(|w| w.matrix()).collect();
-        let mut ys: Vec<&mut [f32]> = outs
-            .iter_mut()
-            .zip(&mats)
-            .map(|(o, m)| &mut o[..rows * m.rows])
-            .collect();
-        kernels::matmul_multi(&self.pool, &mats, &x[..rows * mats[0].cols], rows, &mut ys);
+        self.fused_matmul(ws, x, rows, outs, kernels::Fused::default());
+    }
+
+    fn norm_matmul(
+        &self,
+        x: &Vec<f32>,
+        norm: &CpuWeight,
+        eps: f32,
+        rows: usize,
+        xn: &mut Vec<f32>,
+        ws: &[&CpuWeight],
+        outs: &mut [&mut Vec<f32>],
+    ) {
+        let fused = kernels::Fused {
+            norm: Some(kernels::RowNorm {
+                weight: norm.vector(),
+                eps,
+                out: xn,
+            }),
+            residual: None,
+        };
+        self.fused_matmul(ws, x, rows, outs, fused);
+    }
+
+    fn matmul_add(
+        &self,
+        w: &CpuWeight,
+        y: &Vec<f32>,
+        rows: usize,
+        width: usize,
+        tmp: &mut Vec<f32>,
+        x: &mut Vec<f32>,
+    ) {
+        let fused = kernels::Fused {
+            norm: None,
+            residual: Some(&mut x[..rows * width]),
+        };
+        self.fused_matmul(&[w], y, rows, &mut [tmp], fused);
     }
 
     fn rope(
@@ -313,11 +366,4 @@ impl Backend for CpuBackend {
             out[i * width..(i + 1) * width].copy_from_slice(&x[r * width..(r + 1) * width]);
         }
     }
-}
-
-/// `src` rounded to f16 (to nearest, ties to even; F16C where the CPU has it), as bits.
-fn to_f16(src: &[f32], dst: &mut [u16]) {
-    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
-    dst.reinterpret_cast_mut::<half::f16>()
-        .convert_from_f32_slice(src);
 }

@@ -248,11 +248,13 @@ impl<B: Backend> Llama<B> {
             head_dim: c.head_dim,
         };
         for (li, b) in self.blocks.iter().enumerate() {
-            be.rms_norm(hidden, &b.attn_norm, c.rms_eps, rows, &mut s.xn);
-            be.matmul(
-                &[&b.wq, &b.wk, &b.wv],
-                &s.xn,
+            be.norm_matmul(
+                hidden,
+                &b.attn_norm,
+                c.rms_eps,
                 rows,
+                &mut s.xn,
+                &[&b.wq, &b.wk, &b.wv],
                 &mut [&mut s.q, &mut s.k, &mut s.v],
             );
             be.rope(
@@ -272,18 +274,18 @@ impl<B: Backend> Llama<B> {
                 c.rope_base,
             );
             be.attention(&mut st.kv, li, shape, seqs, &s.q, &s.k, &s.v, &mut s.att);
-            be.matmul(&[&b.wo], &s.att, rows, &mut [&mut s.proj]);
-            be.add_assign(hidden, &s.proj, rows * d);
-            be.rms_norm(hidden, &b.ffn_norm, c.rms_eps, rows, &mut s.xn);
-            be.matmul(
-                &[&b.w_gate, &b.w_up],
-                &s.xn,
+            be.matmul_add(&b.wo, &s.att, rows, d, &mut s.proj, hidden);
+            be.norm_matmul(
+                hidden,
+                &b.ffn_norm,
+                c.rms_eps,
                 rows,
+                &mut s.xn,
+                &[&b.w_gate, &b.w_up],
                 &mut [&mut s.gate, &mut s.up],
             );
             be.silu_mul(&mut s.gate, &s.up, rows * c.ffn_dim);
-            be.matmul(&[&b.w_down], &s.gate, rows, &mut [&mut s.proj]);
-            be.add_assign(hidden, &s.proj, rows * d);
+            be.matmul_add(&b.w_down, &s.gate, rows, d, &mut s.proj, hidden);
         }
     }
 
@@ -298,9 +300,16 @@ impl<B: Backend> Llama<B> {
         let mut picked = be.alloc(n * d);
         be.gather_rows(hidden, emit, d, &mut picked);
         let mut normed = be.alloc(n * d);
-        be.rms_norm(&picked, &head.norm, self.cfg.rms_eps, n, &mut normed);
         let mut logits = be.alloc(n * self.cfg.vocab_size);
-        be.matmul(&[&head.output], &normed, n, &mut [&mut logits]);
+        be.norm_matmul(
+            &picked,
+            &head.norm,
+            self.cfg.rms_eps,
+            n,
+            &mut normed,
+            &[&head.output],
+            &mut [&mut logits],
+        );
         Ok(be.download_owned(logits, n * self.cfg.vocab_size))
     }
 

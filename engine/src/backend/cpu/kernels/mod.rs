@@ -29,6 +29,7 @@ use crate::error::{Error, Result};
 
 mod argmax;
 mod attention;
+mod f16;
 /// The body of a SIMD level's quantized `tile` (`avx2::tile`, `avx512::tile`): checks the
 /// buffers against the shape, then runs the calling module's `q4_1_tile` or `q8_0_tile`
 /// monomorphized for the tile (`nr` weight rows × `c` activation rows).
@@ -76,6 +77,7 @@ mod huge;
 mod lane_order;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
+mod norm;
 #[cfg(target_arch = "x86_64")]
 mod quant;
 mod scalar;
@@ -86,9 +88,11 @@ mod vexp;
 
 pub use argmax::{argmax, argmax_with};
 pub use attention::{attend_rows, attend_rows_with, KvHead};
+pub use f16::{to_f16, to_f16_with};
 pub use float::{axpy, axpy_with, dot_f32, dot_f32_with};
 pub use huge::{Arena, HugeBuf};
 pub use lane_order::LaneMatrix;
+pub use norm::{rms_norm, RowNorm};
 use quant::QActs;
 pub use silu::{silu_mul, silu_mul_with};
 
@@ -342,6 +346,41 @@ pub fn matmul_multi_with(
     m: usize,
     ys: &mut [&mut [f32]],
 ) {
+    matmul_fused_with(level, pool, ws, x, m, ys, Fused::default());
+}
+
+/// What a product does besides multiplying, in its own parallel passes instead of serial ones
+/// around it: the results are the bits of the separate operations.
+#[derive(Debug, Default)]
+pub struct Fused<'a> {
+    /// RMS-norm the input rows first; the product then reads the normed rows.
+    pub norm: Option<RowNorm<'a>>,
+    /// Add the output (of the one weight) to these rows afterwards: a residual connection.
+    pub residual: Option<&'a mut [f32]>,
+}
+
+/// [`matmul_multi`] with [`Fused`] operations.
+pub fn matmul_fused(
+    pool: &ThreadPool,
+    ws: &[QMatrix],
+    x: &[f32],
+    m: usize,
+    ys: &mut [&mut [f32]],
+    fused: Fused<'_>,
+) {
+    matmul_fused_with(simd_level(), pool, ws, x, m, ys, fused);
+}
+
+/// [`matmul_fused`] at a chosen instruction set (lowered to what the CPU supports).
+pub fn matmul_fused_with(
+    level: SimdLevel,
+    pool: &ThreadPool,
+    ws: &[QMatrix],
+    x: &[f32],
+    m: usize,
+    ys: &mut [&mut [f32]],
+    fused: Fused<'_>,
+) {
     assert_eq!(
         ws.len(),
         ys.len(),
@@ -374,6 +413,20 @@ pub fn matmul_multi_with(
         m * cols
     );
     let x = &x[..m * cols];
+    let Fused { mut norm, residual } = fused;
+    if let Some(n) = &norm {
+        assert!(
+            n.weight.len() == cols && n.out.len() >= m * cols,
+            "matmul: norm shape"
+        );
+    }
+    let residual = residual.map(|r| {
+        assert!(
+            ws.len() == 1 && r.len() >= m * ws[0].rows,
+            "matmul: a residual needs one weight and its output's shape"
+        );
+        OutPtr(r.as_mut_ptr())
+    });
 
     let quantized = ws.iter().any(QMatrix::is_quantized);
     let avx512 = cfg!(target_arch = "x86_64") && level == SimdLevel::Avx512;
@@ -386,11 +439,16 @@ pub fn matmul_multi_with(
     let mut acts = if quantized {
         let mut a = quant::take_scratch();
         a.reset(m, cols);
-        quant::quantize_parallel(level, pool, x, &mut a);
+        quant::quantize_parallel(level, pool, x, norm.as_mut(), &mut a);
         Some(a)
     } else {
+        if let Some(n) = norm.as_mut() {
+            rms_norm(x, n.weight, n.eps, m, n.out);
+        }
         None
     };
+    // The float kernels read the normed rows.
+    let x = norm.as_ref().map_or(x, |n| &n.out[..m * cols]);
 
     // Tasks: the weights' rows laid end to end, in units of 16, cut into equal runs (a run may
     // span two matrices) × chunks of tokens. Equal runs keep the threads' shares equal (see the
@@ -418,12 +476,29 @@ pub fn matmul_multi_with(
                 #[cfg(target_arch = "x86_64")]
                 Some(a) if use_lanes && w.is_quantized() => {
                     let packed = w.lanes.expect("lane order checked above");
-                    lanes::block(packed, a, rows, toks.clone(), outs[j])
+                    lanes::block(packed, a, rows.clone(), toks.clone(), outs[j])
                 }
                 Some(a) if w.is_quantized() => {
-                    quant_block(level, w, a, rows, toks.clone(), outs[j])
+                    quant_block(level, w, a, rows.clone(), toks.clone(), outs[j])
                 }
-                _ => float::float_block(level, w, x, rows, toks.clone(), outs[j].0),
+                _ => float::float_block(level, w, x, rows.clone(), toks.clone(), outs[j].0),
+            }
+            if let Some(res) = residual {
+                for t in toks.clone() {
+                    let at = t * w.rows + rows.start;
+                    // SAFETY: these outputs were just written by this task, and their places in
+                    // the residual (as large as the output, asserted above) are this task's
+                    // only; see `OutPtr`.
+                    let (out, res) = unsafe {
+                        (
+                            std::slice::from_raw_parts(outs[j].0.add(at), rows.len()),
+                            std::slice::from_raw_parts_mut(res.0.add(at), rows.len()),
+                        )
+                    };
+                    for (r, &o) in res.iter_mut().zip(out) {
+                        *r += o;
+                    }
+                }
             }
         }
     };

@@ -9,13 +9,21 @@ use std::cell::RefCell;
 use std::sync::Mutex;
 
 use super::super::pool::ThreadPool;
-use super::SimdLevel;
+use super::{RowNorm, SimdLevel};
 
 /// Activation rows per parallel quantization task.
 const QUANT_ROWS_PER_TASK: usize = 16;
 
-/// Quantizes the activations, in parallel when there are many.
-pub(crate) fn quantize_parallel(level: SimdLevel, pool: &ThreadPool, x: &[f32], acts: &mut QActs) {
+/// Quantizes the activations `x`, in parallel when there are many; with `norm`, each row is
+/// RMS-normed into `norm.out` first and that is quantized (the norm's rows then cost no serial
+/// pass of their own).
+pub(crate) fn quantize_parallel(
+    level: SimdLevel,
+    pool: &ThreadPool,
+    x: &[f32],
+    norm: Option<&mut RowNorm<'_>>,
+    acts: &mut QActs,
+) {
     let (m, cols, nb) = (acts.m, acts.cols, acts.nb);
     // A batch's rows split over the threads (a few rows each), a prefill's in tasks of
     // `QUANT_ROWS_PER_TASK`; a lone row on the caller.
@@ -24,16 +32,29 @@ pub(crate) fn quantize_parallel(level: SimdLevel, pool: &ThreadPool, x: &[f32], 
     } else {
         m.div_ceil(pool.n_threads()).clamp(2, QUANT_ROWS_PER_TASK)
     };
-    let parts: Vec<Mutex<QuantPart>> = x
+    let (weight, eps) = norm.as_ref().map_or((&[][..], 0.0), |n| (n.weight, n.eps));
+    let normed: Vec<Option<&mut [f32]>> = match norm {
+        Some(n) => n.out[..m * cols].chunks_mut(k * cols).map(Some).collect(),
+        None => (0..m.div_ceil(k)).map(|_| None).collect(),
+    };
+    let parts: Vec<Mutex<QuantPart>> = x[..m * cols]
         .chunks(k * cols)
+        .zip(normed)
         .zip(acts.qs.chunks_mut(k * cols))
         .zip(acts.ds.chunks_mut(k * 2 * nb))
-        .map(|((x, qs), ds)| Mutex::new(QuantPart { x, qs, ds }))
+        .map(|(((x, normed), qs), ds)| Mutex::new(QuantPart { x, normed, qs, ds }))
         .collect();
     let work = |t: usize| {
         let mut g = parts[t].lock().unwrap_or_else(|e| e.into_inner());
         let p = &mut *g;
-        quantize_rows(level, p.x, p.qs, p.ds, cols);
+        let x = match p.normed.as_deref_mut() {
+            Some(out) => {
+                super::rms_norm(p.x, weight, eps, p.x.len() / cols, out);
+                &*out
+            }
+            None => p.x,
+        };
+        quantize_rows(level, x, p.qs, p.ds, cols);
     };
     if parts.len() == 1 {
         work(0);
@@ -45,6 +66,8 @@ pub(crate) fn quantize_parallel(level: SimdLevel, pool: &ThreadPool, x: &[f32], 
 /// One parallel share of the activation rows.
 struct QuantPart<'a> {
     x: &'a [f32],
+    /// Where the rows are normed first, if they are.
+    normed: Option<&'a mut [f32]>,
     qs: &'a mut [i8],
     ds: &'a mut [f32],
 }

@@ -195,6 +195,52 @@ fn quantization_is_identical_across_levels() {
     }
 }
 
+/// Random weights of some (dtype, rows) shapes, in the stored layout and in lane order.
+struct Weights {
+    shapes: Vec<(GgmlType, usize)>,
+    cols: usize,
+    datas: Vec<Vec<u8>>,
+    lanes: Vec<Option<LaneMatrix>>,
+}
+
+impl Weights {
+    fn random(rng: &mut Rng, shapes: &[(GgmlType, usize)], cols: usize) -> Self {
+        let datas: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&(t, r)| random_matrix(rng, t, r, cols))
+            .collect();
+        let mut w = Weights {
+            shapes: shapes.to_vec(),
+            cols,
+            datas,
+            lanes: Vec::new(),
+        };
+        w.lanes = w
+            .stored()
+            .iter()
+            .map(|m| LaneMatrix::new(m).expect("mapped"))
+            .collect();
+        w
+    }
+
+    fn stored(&self) -> Vec<QMatrix<'_>> {
+        self.shapes
+            .iter()
+            .zip(&self.datas)
+            .map(|(&(t, r), d)| QMatrix::new(t, r, self.cols, d).expect("valid matrix"))
+            .collect()
+    }
+
+    /// The quantized ones also in lane order.
+    fn lane_ordered(&self) -> Vec<QMatrix<'_>> {
+        self.stored()
+            .into_iter()
+            .zip(&self.lanes)
+            .map(|(w, l)| l.as_ref().map_or(w, |l| w.with_lanes(l)))
+            .collect()
+    }
+}
+
 #[test]
 fn matmul_multi_equals_separate_matmuls() {
     let mut rng = Rng(3);
@@ -205,24 +251,8 @@ fn matmul_multi_equals_separate_matmuls() {
         (GgmlType::F16, 9),
         (GgmlType::Q4_1, 64),
     ];
-    let datas: Vec<Vec<u8>> = shapes
-        .iter()
-        .map(|&(t, r)| random_matrix(&mut rng, t, r, cols))
-        .collect();
-    let plain: Vec<QMatrix> = shapes
-        .iter()
-        .zip(&datas)
-        .map(|(&(t, r), d)| QMatrix::new(t, r, cols, d).expect("valid matrix"))
-        .collect();
-    let lanes: Vec<Option<LaneMatrix>> = plain
-        .iter()
-        .map(|w| LaneMatrix::new(w).expect("mapped"))
-        .collect();
-    let ordered: Vec<QMatrix> = plain
-        .iter()
-        .zip(&lanes)
-        .map(|(w, l)| l.as_ref().map_or(*w, |l| w.with_lanes(l)))
-        .collect();
+    let weights = Weights::random(&mut rng, &shapes, cols);
+    let (plain, ordered) = (weights.stored(), weights.lane_ordered());
     let pool = ThreadPool::new(2);
     for (m, ws) in [1, 3, 8, 33]
         .into_iter()
@@ -237,6 +267,72 @@ fn matmul_multi_equals_separate_matmuls() {
                 let mut want = vec![f32::NAN; m * w.rows];
                 matmul_with(level, &pool, w, &x, m, &mut want);
                 assert_eq!(got, &want, "{} rows={} m={m} {level:?}", w.dtype, w.rows);
+            }
+        }
+    }
+}
+
+/// A product with a fused norm or residual gives the bits of the separate operations, at every
+/// level and batch size, on stored and lane-ordered weights alike.
+#[test]
+fn fused_operations_equal_separate_ones() {
+    let mut rng = Rng(11);
+    let cols = 96;
+    let shapes = [
+        (GgmlType::Q4_1, 40),
+        (GgmlType::Q8_0, 24),
+        (GgmlType::F16, 8),
+    ];
+    let weights = Weights::random(&mut rng, &shapes, cols);
+    let (plain, ordered) = (weights.stored(), weights.lane_ordered());
+    let weight: Vec<f32> = random_acts(&mut rng, cols)
+        .iter()
+        .map(|v| 1.0 + v)
+        .collect();
+    let pool = ThreadPool::new(2);
+    for m in [1, 3, 8, 33] {
+        let x = random_acts(&mut rng, m * cols);
+        for ws in [&plain, &ordered] {
+            for level in levels() {
+                let what = format!("m={m} {level:?} lanes={}", ws[0].lanes.is_some());
+                // The norm, with all the weights (one of them float) or the float one alone.
+                for ws in [&ws[..], &ws[2..]] {
+                    let mut want_xn = vec![0.0; m * cols];
+                    rms_norm(&x, &weight, 1e-5, m, &mut want_xn);
+                    let mut want: Vec<Vec<f32>> =
+                        ws.iter().map(|w| vec![f32::NAN; m * w.rows]).collect();
+                    let mut refs: Vec<&mut [f32]> = want.iter_mut().map(|v| &mut v[..]).collect();
+                    matmul_multi_with(level, &pool, ws, &want_xn, m, &mut refs);
+                    let mut xn = vec![f32::NAN; m * cols];
+                    let mut got: Vec<Vec<f32>> =
+                        ws.iter().map(|w| vec![f32::NAN; m * w.rows]).collect();
+                    let mut refs: Vec<&mut [f32]> = got.iter_mut().map(|v| &mut v[..]).collect();
+                    let norm = RowNorm {
+                        weight: &weight,
+                        eps: 1e-5,
+                        out: &mut xn,
+                    };
+                    let fused = Fused {
+                        norm: Some(norm),
+                        residual: None,
+                    };
+                    matmul_fused_with(level, &pool, ws, &x, m, &mut refs, fused);
+                    assert_eq!(xn, want_xn, "{what}: normed rows");
+                    assert_eq!(got, want, "{what}: normed product");
+                }
+                for w in ws.iter() {
+                    let base = random_acts(&mut rng, m * w.rows);
+                    let mut want = vec![f32::NAN; m * w.rows];
+                    matmul_with(level, &pool, w, &x, m, &mut want);
+                    let want: Vec<f32> = base.iter().zip(&want).map(|(b, y)| b + y).collect();
+                    let (mut got, mut y) = (base.clone(), vec![f32::NAN; m * w.rows]);
+                    let fused = Fused {
+                        norm: None,
+                        residual: Some(&mut got),
+                    };
+                    matmul_fused_with(level, &pool, &[*w], &x, m, &mut [&mut y], fused);
+                    assert_eq!(got, want, "{what} {}: residual", w.dtype);
+                }
             }
         }
     }
