@@ -9,7 +9,7 @@ use crate::backend::Backend;
 use crate::error::Result;
 use crate::generate::{argmax, Rng};
 use crate::kv::{BlockPool, BlockTable, SeqRows};
-use crate::model::Llama;
+use crate::model::{ForwardState, Llama};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -87,9 +87,13 @@ pub fn run<B: Backend>(model: &Llama<B>, cfg: &BenchConfig) -> Result<BenchRepor
 
     let mut decode = Vec::new();
     for &batch in &cfg.decode_batches {
+        // One KV cache for every repetition, as a server keeps its pool (and llama-bench its
+        // context): pages are only first touched by the first run.
+        let seqs = DecodeSeqs::new(batch, cfg.decode_tokens)?;
+        let mut state = model.new_state(seqs.pool.n_blocks())?;
         let mut runs = Vec::new();
         for _ in 0..reps {
-            runs.push(decode_run(model, batch, cfg.decode_tokens, &mut rng)?);
+            runs.push(seqs.run(model, &mut state, &mut rng)?);
         }
         let tok_s = median(runs);
         decode.push(DecodeResult {
@@ -107,41 +111,58 @@ pub fn run<B: Backend>(model: &Llama<B>, cfg: &BenchConfig) -> Result<BenchRepor
     })
 }
 
-/// `batch` sequences each decode `steps` tokens, one row per sequence per forward pass.
-fn decode_run<B: Backend>(
-    model: &Llama<B>,
-    batch: usize,
+/// `batch` sequences that each decode `steps` tokens, one row per sequence per forward pass.
+struct DecodeSeqs {
+    pool: BlockPool,
+    tables: Vec<BlockTable>,
     steps: usize,
-    rng: &mut Rng,
-) -> Result<f64> {
-    let vocab = model.config().vocab_size;
-    let per_seq = (steps + 1).div_ceil(crate::kv::BLOCK_SIZE);
-    let mut pool = BlockPool::new(per_seq * batch);
-    let mut tables = Vec::with_capacity(batch);
-    for _ in 0..batch {
-        let mut t = BlockTable::new();
-        t.reserve(&mut pool, steps + 1)?;
-        tables.push(t);
-    }
-    let mut state = model.new_state(pool.n_blocks())?;
-    let mut ids = random_tokens(rng, batch, vocab);
-    let emit: Vec<usize> = (0..batch).collect();
-    let t = Instant::now();
-    for pos in 0..steps {
-        let seqs: Vec<SeqRows<'_>> = tables
-            .iter()
-            .enumerate()
-            .map(|(i, t)| SeqRows {
-                start: i,
-                len: 1,
-                pos,
-                blocks: t.blocks(),
-            })
-            .collect();
-        let logits = model.forward(&mut state, &ids, &seqs, &emit)?;
-        for (id, l) in ids.iter_mut().zip(logits.chunks_exact(vocab)) {
-            *id = argmax(l);
+}
+
+impl DecodeSeqs {
+    fn new(batch: usize, steps: usize) -> Result<Self> {
+        let per_seq = (steps + 1).div_ceil(crate::kv::BLOCK_SIZE);
+        let mut pool = BlockPool::new(per_seq * batch);
+        let mut tables = Vec::with_capacity(batch);
+        for _ in 0..batch {
+            let mut t = BlockTable::new();
+            t.reserve(&mut pool, steps + 1)?;
+            tables.push(t);
         }
+        Ok(Self {
+            pool,
+            tables,
+            steps,
+        })
     }
-    Ok((batch * steps) as f64 / t.elapsed().as_secs_f64())
+
+    /// Decodes from position 0 (overwriting the cache of a previous run); tokens per second.
+    fn run<B: Backend>(
+        &self,
+        model: &Llama<B>,
+        state: &mut ForwardState<B>,
+        rng: &mut Rng,
+    ) -> Result<f64> {
+        let (vocab, batch) = (model.config().vocab_size, self.tables.len());
+        let mut ids = random_tokens(rng, batch, vocab);
+        let emit: Vec<usize> = (0..batch).collect();
+        let t = Instant::now();
+        for pos in 0..self.steps {
+            let seqs: Vec<SeqRows<'_>> = self
+                .tables
+                .iter()
+                .enumerate()
+                .map(|(i, t)| SeqRows {
+                    start: i,
+                    len: 1,
+                    pos,
+                    blocks: t.blocks(),
+                })
+                .collect();
+            let logits = model.forward(state, &ids, &seqs, &emit)?;
+            for (id, l) in ids.iter_mut().zip(logits.chunks_exact(vocab)) {
+                *id = argmax(l);
+            }
+        }
+        Ok((batch * self.steps) as f64 / t.elapsed().as_secs_f64())
+    }
 }
