@@ -114,6 +114,24 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         self.matmul(&[w], y, rows, &mut [tmp]);
         self.add_assign(x, tmp, rows * width);
     }
+    /// `x += (silu(gate) * up) · wᵀ` for `rows` rows (SwiGLU over `ffn` columns, the down
+    /// projection and the residual connection to `x` of `width`), which a backend may run as
+    /// one step; `gate`, `up` and `tmp` are left clobbered.
+    #[allow(clippy::too_many_arguments)]
+    fn swiglu_matmul_add(
+        &self,
+        gate: &mut Self::Buf,
+        up: &mut Self::Buf,
+        w: &Self::Weight,
+        rows: usize,
+        ffn: usize,
+        width: usize,
+        tmp: &mut Self::Buf,
+        x: &mut Self::Buf,
+    ) {
+        self.silu_mul(gate, up, rows * ffn);
+        self.matmul_add(w, gate, rows, width, tmp, x);
+    }
     /// Rotary embedding (adjacent pairs) on rows of `n_heads` heads, row `i` at `positions[i]`.
     fn rope(
         &self,

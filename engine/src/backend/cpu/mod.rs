@@ -276,11 +276,11 @@ impl Backend for CpuBackend {
         outs: &mut [&mut Vec<f32>],
     ) {
         let fused = kernels::Fused {
-            norm: Some(kernels::RowNorm {
+            prologue: Some(kernels::Prologue::Norm(kernels::RowNorm {
                 weight: norm.vector(),
                 eps,
                 out: xn,
-            }),
+            })),
             residual: None,
         };
         self.fused_matmul(ws, x, rows, outs, fused);
@@ -296,10 +296,30 @@ impl Backend for CpuBackend {
         x: &mut Vec<f32>,
     ) {
         let fused = kernels::Fused {
-            norm: None,
+            prologue: None,
             residual: Some(&mut x[..rows * width]),
         };
         self.fused_matmul(&[w], y, rows, &mut [tmp], fused);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn swiglu_matmul_add(
+        &self,
+        gate: &mut Vec<f32>,
+        up: &mut Vec<f32>,
+        w: &CpuWeight,
+        rows: usize,
+        ffn: usize,
+        width: usize,
+        tmp: &mut Vec<f32>,
+        x: &mut Vec<f32>,
+    ) {
+        let up = &mut up[..rows * ffn];
+        let fused = kernels::Fused {
+            prologue: Some(kernels::Prologue::SwiGlu { up }),
+            residual: Some(&mut x[..rows * width]),
+        };
+        self.fused_matmul(&[w], gate, rows, &mut [tmp], fused);
     }
 
     fn rope(

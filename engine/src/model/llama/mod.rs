@@ -284,8 +284,16 @@ impl<B: Backend> Llama<B> {
                 &[&b.w_gate, &b.w_up],
                 &mut [&mut s.gate, &mut s.up],
             );
-            be.silu_mul(&mut s.gate, &s.up, rows * c.ffn_dim);
-            be.matmul_add(&b.w_down, &s.gate, rows, d, &mut s.proj, hidden);
+            be.swiglu_matmul_add(
+                &mut s.gate,
+                &mut s.up,
+                &b.w_down,
+                rows,
+                c.ffn_dim,
+                d,
+                &mut s.proj,
+                hidden,
+            );
         }
     }
 

@@ -94,7 +94,7 @@ pub use huge::{Arena, HugeBuf};
 pub use lane_order::LaneMatrix;
 pub use norm::{rms_norm, RowNorm};
 use quant::QActs;
-pub use silu::{silu_mul, silu_mul_with};
+pub use silu::{silu_mul, silu_mul_into_up, silu_mul_with};
 
 /// A weight matrix in its stored (GGUF) layout: `rows` rows of `cols` elements, row-major; with
 /// the same weights in lane order when the AVX-512 kernel is to read them.
@@ -353,10 +353,60 @@ pub fn matmul_multi_with(
 /// around it: the results are the bits of the separate operations.
 #[derive(Debug, Default)]
 pub struct Fused<'a> {
-    /// RMS-norm the input rows first; the product then reads the normed rows.
-    pub norm: Option<RowNorm<'a>>,
+    /// A pass over the input rows first; the product then reads its result.
+    pub prologue: Option<Prologue<'a>>,
     /// Add the output (of the one weight) to these rows afterwards: a residual connection.
     pub residual: Option<&'a mut [f32]>,
+}
+
+/// What runs over a product's input rows first (row by row, in the parallel quantization).
+#[derive(Debug)]
+pub enum Prologue<'a> {
+    /// An RMS norm, into its `out`.
+    Norm(RowNorm<'a>),
+    /// SwiGLU: the input is the gate; `up[i] = silu(gate[i]) * up[i]` (see [`silu_mul`]).
+    SwiGlu { up: &'a mut [f32] },
+}
+
+impl Prologue<'_> {
+    /// Where its rows go.
+    fn out(&self) -> &[f32] {
+        match self {
+            Prologue::Norm(n) => n.out,
+            Prologue::SwiGlu { up } => up,
+        }
+    }
+
+    /// The same pass over consecutive runs of `len` elements of its output, apart.
+    fn split(&mut self, len: usize) -> Vec<Prologue<'_>> {
+        match self {
+            Prologue::Norm(n) => n
+                .out
+                .chunks_mut(len)
+                .map(|out| {
+                    Prologue::Norm(RowNorm {
+                        weight: n.weight,
+                        eps: n.eps,
+                        out,
+                    })
+                })
+                .collect(),
+            Prologue::SwiGlu { up } => up
+                .chunks_mut(len)
+                .map(|up| Prologue::SwiGlu { up })
+                .collect(),
+        }
+    }
+
+    /// Makes its first `rows` rows (of `cols`) from the input rows `x`; returns them.
+    fn apply(&mut self, x: &[f32], rows: usize, cols: usize) -> &[f32] {
+        let n = rows * cols;
+        match self {
+            Prologue::Norm(norm) => rms_norm(x, norm.weight, norm.eps, rows, norm.out),
+            Prologue::SwiGlu { up } => silu_mul_into_up(&x[..n], &mut up[..n]),
+        }
+        &self.out()[..n]
+    }
 }
 
 /// [`matmul_multi`] with [`Fused`] operations.
@@ -413,12 +463,18 @@ pub fn matmul_fused_with(
         m * cols
     );
     let x = &x[..m * cols];
-    let Fused { mut norm, residual } = fused;
-    if let Some(n) = &norm {
+    let Fused {
+        mut prologue,
+        residual,
+    } = fused;
+    if let Some(p) = &prologue {
         assert!(
-            n.weight.len() == cols && n.out.len() >= m * cols,
-            "matmul: norm shape"
+            p.out().len() >= m * cols,
+            "matmul: prologue output too short"
         );
+        if let Prologue::Norm(n) = p {
+            assert_eq!(n.weight.len(), cols, "matmul: norm weight of another width");
+        }
     }
     let residual = residual.map(|r| {
         assert!(
@@ -439,16 +495,16 @@ pub fn matmul_fused_with(
     let mut acts = if quantized {
         let mut a = quant::take_scratch();
         a.reset(m, cols);
-        quant::quantize_parallel(level, pool, x, norm.as_mut(), &mut a);
+        quant::quantize_parallel(level, pool, x, prologue.as_mut(), &mut a);
         Some(a)
     } else {
-        if let Some(n) = norm.as_mut() {
-            rms_norm(x, n.weight, n.eps, m, n.out);
+        if let Some(p) = prologue.as_mut() {
+            p.apply(x, m, cols);
         }
         None
     };
-    // The float kernels read the normed rows.
-    let x = norm.as_ref().map_or(x, |n| &n.out[..m * cols]);
+    // The float kernels read the prologue's rows.
+    let x = prologue.as_ref().map_or(x, |p| &p.out()[..m * cols]);
 
     // Tasks: the weights' rows laid end to end, in units of 16, cut into equal runs (a run may
     // span two matrices) × chunks of tokens. Equal runs keep the threads' shares equal (see the

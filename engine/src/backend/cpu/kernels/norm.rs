@@ -1,6 +1,6 @@
 //! RMS normalization of activation rows.
 
-/// An RMS norm run on a product's input rows (see [`super::Fused`]): `x / rms(x) * weight`.
+/// An RMS norm run on a product's input rows (see [`super::Prologue`]): `x / rms(x) * weight`.
 #[derive(Debug)]
 pub struct RowNorm<'a> {
     pub weight: &'a [f32],

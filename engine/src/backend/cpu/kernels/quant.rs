@@ -9,19 +9,19 @@ use std::cell::RefCell;
 use std::sync::Mutex;
 
 use super::super::pool::ThreadPool;
-use super::{RowNorm, SimdLevel};
+use super::{Prologue, SimdLevel};
 
 /// Activation rows per parallel quantization task.
 const QUANT_ROWS_PER_TASK: usize = 16;
 
-/// Quantizes the activations `x`, in parallel when there are many; with `norm`, each row is
-/// RMS-normed into `norm.out` first and that is quantized (the norm's rows then cost no serial
-/// pass of their own).
+/// Quantizes the activations `x`, in parallel when there are many; with a `prologue`, each
+/// share of the rows first goes through it and its output is quantized (the prologue then costs
+/// no serial pass of its own).
 pub(crate) fn quantize_parallel(
     level: SimdLevel,
     pool: &ThreadPool,
     x: &[f32],
-    norm: Option<&mut RowNorm<'_>>,
+    prologue: Option<&mut Prologue<'_>>,
     acts: &mut QActs,
 ) {
     let (m, cols, nb) = (acts.m, acts.cols, acts.nb);
@@ -32,26 +32,30 @@ pub(crate) fn quantize_parallel(
     } else {
         m.div_ceil(pool.n_threads()).clamp(2, QUANT_ROWS_PER_TASK)
     };
-    let (weight, eps) = norm.as_ref().map_or((&[][..], 0.0), |n| (n.weight, n.eps));
-    let normed: Vec<Option<&mut [f32]>> = match norm {
-        Some(n) => n.out[..m * cols].chunks_mut(k * cols).map(Some).collect(),
-        None => (0..m.div_ceil(k)).map(|_| None).collect(),
+    let mut pro: Vec<Option<Prologue<'_>>> = match prologue {
+        Some(p) => p.split(k * cols).into_iter().map(Some).collect(),
+        None => Vec::new(),
     };
+    pro.resize_with(m.div_ceil(k), || None);
     let parts: Vec<Mutex<QuantPart>> = x[..m * cols]
         .chunks(k * cols)
-        .zip(normed)
+        .zip(pro)
         .zip(acts.qs.chunks_mut(k * cols))
         .zip(acts.ds.chunks_mut(k * 2 * nb))
-        .map(|(((x, normed), qs), ds)| Mutex::new(QuantPart { x, normed, qs, ds }))
+        .map(|(((x, prologue), qs), ds)| {
+            Mutex::new(QuantPart {
+                x,
+                prologue,
+                qs,
+                ds,
+            })
+        })
         .collect();
     let work = |t: usize| {
         let mut g = parts[t].lock().unwrap_or_else(|e| e.into_inner());
         let p = &mut *g;
-        let x = match p.normed.as_deref_mut() {
-            Some(out) => {
-                super::rms_norm(p.x, weight, eps, p.x.len() / cols, out);
-                &*out
-            }
+        let x = match &mut p.prologue {
+            Some(pro) => pro.apply(p.x, p.x.len() / cols, cols),
             None => p.x,
         };
         quantize_rows(level, x, p.qs, p.ds, cols);
@@ -64,10 +68,10 @@ pub(crate) fn quantize_parallel(
 }
 
 /// One parallel share of the activation rows.
-struct QuantPart<'a> {
+struct QuantPart<'a, 'p> {
     x: &'a [f32],
-    /// Where the rows are normed first, if they are.
-    normed: Option<&'a mut [f32]>,
+    /// What makes the rows to quantize from `x`, if anything.
+    prologue: Option<Prologue<'p>>,
     qs: &'a mut [i8],
     ds: &'a mut [f32],
 }

@@ -12,17 +12,39 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
 /// [`super::vexp`]), so the levels agree bit for bit wherever the two `exp`s do.
 pub fn silu_mul_with(level: SimdLevel, gate: &mut [f32], up: &[f32]) {
     assert!(up.len() >= gate.len(), "silu_mul: up shorter than gate");
-    match level.clamp() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the level is clamped to the detected one, so AVX-512 F and VL are present.
-        SimdLevel::Avx512 => unsafe { x86::silu_mul(gate, up) },
-        _ => portable(gate, up),
-    }
+    let len = gate.len();
+    let g = gate.as_mut_ptr();
+    // SAFETY: `g` and `up` hold `len` floats, and `g` is writable (the result goes there).
+    unsafe { dispatch(level, g, up.as_ptr(), g, len) }
 }
 
-fn portable(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+/// `up[i] = silu(gate[i]) * up[i]`: [`silu_mul`] with the result in `up`, the same bits.
+pub fn silu_mul_into_up(gate: &[f32], up: &mut [f32]) {
+    assert_eq!(up.len(), gate.len(), "silu_mul: lengths differ");
+    let u = up.as_mut_ptr();
+    // SAFETY: `gate` and `u` hold `len` floats, and `u` is writable (the result goes there).
+    unsafe { dispatch(super::simd_level(), gate.as_ptr(), u, u, gate.len()) }
+}
+
+/// `out[i] = silu(g[i]) * u[i]` for `i < len`.
+///
+/// # Safety
+/// `g`, `u` and `out` point at `len` floats; `out` is writable and is `g`, `u` or apart from both.
+unsafe fn dispatch(level: SimdLevel, g: *const f32, u: *const f32, out: *mut f32, len: usize) {
+    match level.clamp() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the level is clamped to the detected one, so AVX-512 F and VL are present; the
+        // pointers are the caller's promise.
+        SimdLevel::Avx512 => unsafe { x86::silu_mul(g, u, out, len) },
+        _ => {
+            for i in 0..len {
+                // SAFETY: `i < len` (caller's promise); each element is read before written.
+                unsafe {
+                    let (gi, ui) = (*g.add(i), *u.add(i));
+                    *out.add(i) = gi / (1.0 + (-gi).exp()) * ui;
+                }
+            }
+        }
     }
 }
 
@@ -33,20 +55,21 @@ mod x86 {
     use super::super::vexp::exp;
 
     /// # Safety
-    /// AVX-512 F and VL; `up.len() >= gate.len()`.
+    /// AVX-512 F and VL; as [`super::dispatch`].
     #[target_feature(enable = "avx512f,avx512vl")]
-    pub(super) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    pub(super) unsafe fn silu_mul(g: *const f32, u: *const f32, out: *mut f32, len: usize) {
         let one = _mm256_set1_ps(1.0);
-        for i in (0..gate.len()).step_by(8) {
+        for i in (0..len).step_by(8) {
             // The last vector masked to the elements left.
-            let mask: __mmask8 = (u16::MAX >> (16 - (gate.len() - i).min(8))) as u8;
-            // SAFETY: the masked lanes lie inside `gate` and `up` (`up.len() >= gate.len()`).
+            let mask: __mmask8 = (u16::MAX >> (16 - (len - i).min(8))) as u8;
+            // SAFETY: the masked lanes lie inside the `len` floats (caller's promise); the
+            // vector is read whole before it is written.
             unsafe {
-                let g = _mm256_maskz_loadu_ps(mask, gate.as_ptr().add(i));
-                let u = _mm256_maskz_loadu_ps(mask, up.as_ptr().add(i));
-                let e = exp(_mm256_sub_ps(_mm256_setzero_ps(), g));
-                let s = _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u);
-                _mm256_mask_storeu_ps(gate.as_mut_ptr().add(i), mask, s);
+                let gv = _mm256_maskz_loadu_ps(mask, g.add(i));
+                let uv = _mm256_maskz_loadu_ps(mask, u.add(i));
+                let e = exp(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+                let s = _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv);
+                _mm256_mask_storeu_ps(out.add(i), mask, s);
             }
         }
     }
@@ -77,10 +100,19 @@ mod tests {
         let up: Vec<f32> = (0..xs.len()).map(|i| 1.0 + (i % 7) as f32 / 8.0).collect();
         for len in [0, 1, 7, 8, 9, 23, xs.len()] {
             let mut want = xs[..len].to_vec();
-            portable(&mut want, &up);
+            silu_mul_with(SimdLevel::Scalar, &mut want, &up);
             for level in levels() {
                 let mut got = xs[..len].to_vec();
                 silu_mul_with(level, &mut got, &up);
+                let mut into_up = up[..len].to_vec();
+                if level == super::super::simd_level() {
+                    silu_mul_into_up(&xs[..len], &mut into_up);
+                    assert_eq!(
+                        into_up.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "into up, len {len}"
+                    );
+                }
                 for (k, (a, b)) in got.iter().zip(&want).enumerate() {
                     let same = a.to_bits() == b.to_bits();
                     let close = (a - b).abs() <= 2.0 * f32::EPSILON * b.abs();

@@ -313,12 +313,28 @@ fn fused_operations_equal_separate_ones() {
                         out: &mut xn,
                     };
                     let fused = Fused {
-                        norm: Some(norm),
+                        prologue: Some(Prologue::Norm(norm)),
                         residual: None,
                     };
                     matmul_fused_with(level, &pool, ws, &x, m, &mut refs, fused);
                     assert_eq!(xn, want_xn, "{what}: normed rows");
                     assert_eq!(got, want, "{what}: normed product");
+                    // SwiGLU with `x` as the gate, and a residual.
+                    let up = random_acts(&mut rng, m * cols);
+                    let mut want_h = x.clone();
+                    silu_mul(&mut want_h, &up);
+                    let mut want = vec![f32::NAN; m * ws[0].rows];
+                    matmul_with(level, &pool, &ws[0], &want_h, m, &mut want);
+                    let base = random_acts(&mut rng, m * ws[0].rows);
+                    let want: Vec<f32> = base.iter().zip(&want).map(|(b, y)| b + y).collect();
+                    let (mut got, mut up, mut y) = (base, up, vec![f32::NAN; m * ws[0].rows]);
+                    let fused = Fused {
+                        prologue: Some(Prologue::SwiGlu { up: &mut up }),
+                        residual: Some(&mut got),
+                    };
+                    matmul_fused_with(level, &pool, &ws[..1], &x, m, &mut [&mut y], fused);
+                    assert_eq!(up, want_h, "{what}: SwiGLU rows");
+                    assert_eq!(got, want, "{what}: SwiGLU product and residual");
                 }
                 for w in ws.iter() {
                     let base = random_acts(&mut rng, m * w.rows);
@@ -327,7 +343,7 @@ fn fused_operations_equal_separate_ones() {
                     let want: Vec<f32> = base.iter().zip(&want).map(|(b, y)| b + y).collect();
                     let (mut got, mut y) = (base.clone(), vec![f32::NAN; m * w.rows]);
                     let fused = Fused {
-                        norm: None,
+                        prologue: None,
                         residual: Some(&mut got),
                     };
                     matmul_fused_with(level, &pool, &[*w], &x, m, &mut [&mut y], fused);
