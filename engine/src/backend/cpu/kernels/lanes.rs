@@ -40,13 +40,13 @@ fn prefetch(p: *const u8) {
 
 /// One group of 16 weight rows (`group`, laid out as [`LaneMatrix`] describes, `n` of its lanes
 /// stored) times `C` activation rows (quantized values `xq`, `nb * 32` apart; `(d, s)` pairs
-/// `xds`, `2 * nb` apart): `out[c * stride + r]`. Prefetches the group after it (`group_bytes`
-/// on), which is the next tile's.
+/// `xds`, `2 * nb` apart): `out[c * stride + r]`, also added to `res[c * stride + r]` unless
+/// `res` is null. Prefetches the group after it (`group_bytes` on), which is the next tile's.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI, FMA, F16C; `group` holds one group of `w` (`Q8` selects Q8_0, else
-/// Q4_1), the activations hold `C` rows of `nb` blocks, and `out + c * stride + r` is writable for
-/// `c < C`, `r < n`.
+/// Q4_1), the activations hold `C` rows of `nb` blocks, and `out + c * stride + r` (and
+/// `res + c * stride + r` unless null) is writable for `c < C`, `r < n`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile<const Q8: bool, const C: usize>(
@@ -56,6 +56,7 @@ unsafe fn tile<const Q8: bool, const C: usize>(
     xq: *const i8,
     xds: *const f32,
     out: *mut f32,
+    res: *mut f32,
     stride: usize,
 ) {
     let (nb, sb, vb) = (w.nb(), w.scale_bytes(), w.value_bytes());
@@ -126,13 +127,22 @@ unsafe fn tile<const Q8: bool, const C: usize>(
         }
     }
     for (c, (&a, &ma)) in acc.iter().zip(&macc).enumerate() {
-        // SAFETY: outputs `c * stride + r` for `r < n` (the mask).
-        unsafe { _mm512_mask_storeu_ps(out.add(c * stride), rows, _mm512_add_ps(a, ma)) };
+        let y = _mm512_add_ps(a, ma);
+        // SAFETY: outputs `c * stride + r` for `r < n` (the mask), and the residual's alike.
+        unsafe {
+            _mm512_mask_storeu_ps(out.add(c * stride), rows, y);
+            if !res.is_null() {
+                let r = res.add(c * stride);
+                let sum = _mm512_add_ps(_mm512_maskz_loadu_ps(rows, r), y);
+                _mm512_mask_storeu_ps(r, rows, sum);
+            }
+        }
     }
 }
 
 /// Outputs of lane-ordered weight `w` for `rows` × `toks` (`rows` starting at a group of 16),
-/// stored at `out` (as `super::quant_block`), in tiles of 16 rows × up to 8 tokens.
+/// stored at `out` (as `super::quant_block`) and added to `residual` (laid out alike) if any, in
+/// tiles of 16 rows × up to 8 tokens.
 ///
 /// The caller must have checked that the CPU supports AVX-512 F/BW/VL/VNNI, FMA and F16C.
 pub(crate) fn block(
@@ -141,6 +151,7 @@ pub(crate) fn block(
     rows: Range<usize>,
     toks: Range<usize>,
     out: OutPtr,
+    residual: Option<OutPtr>,
 ) {
     let q8 = match w.dtype() {
         GgmlType::Q8_0 => true,
@@ -160,23 +171,25 @@ pub(crate) fn block(
         let (xq, xds) = (acts.qs[i * cols..].as_ptr(), acts.ds[i * 2 * nb..].as_ptr());
         for r in rows.clone().step_by(ROWS) {
             let n = ROWS.min(rows.end - r);
+            let at = i * w.rows() + r;
             let (group, dst) = (
                 bytes[r / ROWS * gb..][..gb].as_ptr(),
-                out.0.wrapping_add(i * w.rows() + r),
+                out.0.wrapping_add(at),
             );
+            let res = residual.map_or(std::ptr::null_mut(), |p| p.0.wrapping_add(at));
             macro_rules! go {
                 ($($c:literal)*) => {
                     match (q8, c) {
                         // SAFETY: `group` is a whole group of `w` and tokens `i..i + c` are
                         // inside the activations (asserted above); outputs
                         // `(i + ci) * w.rows + r + ri` lie below `m * w.rows <= y.len()` (checked
-                        // by the caller) and belong to this task only (see `OutPtr`); the caller
-                        // checked the CPU features.
+                        // by the caller, who also sized the residual so) and belong to this task
+                        // only (see `OutPtr`); the caller checked the CPU features.
                         $((true, $c) => unsafe {
-                            tile::<true, $c>(w, group, n, xq, xds, dst, w.rows())
+                            tile::<true, $c>(w, group, n, xq, xds, dst, res, w.rows())
                         },
                         (false, $c) => unsafe {
-                            tile::<false, $c>(w, group, n, xq, xds, dst, w.rows())
+                            tile::<false, $c>(w, group, n, xq, xds, dst, res, w.rows())
                         },)*
                         _ => unreachable!("tile of {c} tokens"),
                     }

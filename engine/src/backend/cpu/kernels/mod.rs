@@ -531,8 +531,11 @@ pub fn matmul_fused_with(
             match acts_ref {
                 #[cfg(target_arch = "x86_64")]
                 Some(a) if use_lanes && w.is_quantized() => {
+                    // The lane kernel adds the residual as it stores (reading back its masked
+                    // stores here stalled on store forwarding).
                     let packed = w.lanes.expect("lane order checked above");
-                    lanes::block(packed, a, rows.clone(), toks.clone(), outs[j])
+                    lanes::block(packed, a, rows, toks.clone(), outs[j], residual);
+                    continue;
                 }
                 Some(a) if w.is_quantized() => {
                     quant_block(level, w, a, rows.clone(), toks.clone(), outs[j])
