@@ -354,8 +354,8 @@ fn fused_operations_equal_separate_ones() {
     }
 }
 
-/// The runs of a product cover every row of every matrix once, in order, and give each thread's
-/// share the same number of 16-row units, give or take one.
+/// The runs of a product cover every row of every matrix once, in order, give each thread's
+/// share the same number of 16-row units, give or take one, and get no longer within a share.
 #[test]
 fn row_runs_cover_the_rows_in_equal_shares() {
     let data = vec![0u8; 3072 * 18 * 20];
@@ -374,6 +374,13 @@ fn row_runs_cover_the_rows_in_equal_shares() {
         let mut next = vec![0; rows.len()];
         let mut units = vec![0; threads];
         for k in 0..runs.len() {
+            let len = |k| runs.boundary(k + 1) - runs.boundary(k);
+            if k % RUNS_PER_THREAD > 0 {
+                assert!(
+                    len(k) <= len(k - 1),
+                    "{rows:?}: run {k} longer than the one before"
+                );
+            }
             for (j, r) in runs.pieces(k) {
                 assert_eq!(
                     r.start, next[j],
