@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 mod argmax;
 mod attention;
 mod f16;
+mod fused;
 /// The body of a SIMD level's quantized `tile` (`avx2::tile`, `avx512::tile`): checks the
 /// buffers against the shape, then runs the calling module's `q4_1_tile` or `q8_0_tile`
 /// monomorphized for the tile (`nr` weight rows × `c` activation rows).
@@ -80,6 +81,7 @@ mod lanes;
 mod norm;
 #[cfg(target_arch = "x86_64")]
 mod quant;
+mod runs;
 mod scalar;
 mod silu;
 #[cfg(test)]
@@ -90,10 +92,14 @@ pub use argmax::{argmax, argmax_with};
 pub use attention::{attend_rows, attend_rows_with, KvHead};
 pub use f16::{to_f16, to_f16_with};
 pub use float::{axpy, axpy_with, dot_f32, dot_f32_with};
+pub use fused::{Fused, Prologue};
 pub use huge::{Arena, HugeBuf};
 pub use lane_order::LaneMatrix;
 pub use norm::{rms_norm, RowNorm};
 use quant::QActs;
+use runs::RowRuns;
+#[cfg(test)]
+use runs::{ROW_UNIT, RUNS_PER_THREAD};
 pub use silu::{silu_mul, silu_mul_into_up, silu_mul_with};
 
 /// A weight matrix in its stored (GGUF) layout: `rows` rows of `cols` elements, row-major; with
@@ -287,63 +293,6 @@ unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
 
-/// Rows per unit of a task's run (a lane kernel's tile).
-const ROW_UNIT: usize = 16;
-/// Runs in each thread's share of a product.
-const RUNS_PER_THREAD: usize = 5;
-
-/// The rows of several matrices laid end to end (each padded to whole units of [`ROW_UNIT`]) and
-/// cut into [`RUNS_PER_THREAD`] runs for each thread's share (see the pool): the shares equal,
-/// the runs in each halving in length (1/2, 1/4, 1/8, 1/16, 1/16 of it). A thread that finishes
-/// its share early (the worker joins a dispatch later than the caller, and cores run unevenly)
-/// takes the other's last, short runs: at batch 8 the threads' wait at the end of a product fell
-/// from 1.4-1.5 to 0.7-0.8 µs against four equal runs.
-struct RowRuns {
-    /// First unit of each matrix, and the total at the end.
-    starts: Vec<usize>,
-    /// Rows of each matrix.
-    rows: Vec<usize>,
-    runs: usize,
-}
-
-impl RowRuns {
-    fn new(ws: &[QMatrix], threads: usize) -> Self {
-        let mut starts = vec![0];
-        for w in ws {
-            starts.push(starts[starts.len() - 1] + w.rows.div_ceil(ROW_UNIT));
-        }
-        RowRuns {
-            rows: ws.iter().map(|w| w.rows).collect(),
-            starts,
-            runs: threads.max(1) * RUNS_PER_THREAD,
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.runs
-    }
-
-    /// The first unit of run `k` (`k == len()` gives the end).
-    fn boundary(&self, k: usize) -> usize {
-        let (units, threads) = (self.starts[self.rows.len()], self.runs / RUNS_PER_THREAD);
-        let (share, i) = (k / RUNS_PER_THREAD, k % RUNS_PER_THREAD);
-        let (s0, s1) = (share * units / threads, (share + 1) * units / threads);
-        // Run `i` of the share starts after 1 - 2^-i of it.
-        s1 - ((s1 - s0) >> i)
-    }
-
-    /// Run `k`'s pieces: (matrix, its rows), in order; none for an empty run.
-    fn pieces(&self, k: usize) -> impl Iterator<Item = (usize, Range<usize>)> + '_ {
-        let (u0, u1) = (self.boundary(k), self.boundary(k + 1));
-        (0..self.rows.len()).filter_map(move |j| {
-            let (s, e) = (self.starts[j].max(u0), self.starts[j + 1].min(u1));
-            let first = (s - self.starts[j]) * ROW_UNIT;
-            let last = ((e.max(s) - self.starts[j]) * ROW_UNIT).min(self.rows[j]);
-            (first < last).then_some((j, first..last))
-        })
-    }
-}
-
 /// [`matmul_multi`] at a chosen instruction set (lowered to what the CPU supports).
 pub fn matmul_multi_with(
     level: SimdLevel,
@@ -354,66 +303,6 @@ pub fn matmul_multi_with(
     ys: &mut [&mut [f32]],
 ) {
     matmul_fused_with(level, pool, ws, x, m, ys, Fused::default());
-}
-
-/// What a product does besides multiplying, in its own parallel passes instead of serial ones
-/// around it: the results are the bits of the separate operations.
-#[derive(Debug, Default)]
-pub struct Fused<'a> {
-    /// A pass over the input rows first; the product then reads its result.
-    pub prologue: Option<Prologue<'a>>,
-    /// Add the output (of the one weight) to these rows afterwards: a residual connection.
-    pub residual: Option<&'a mut [f32]>,
-}
-
-/// What runs over a product's input rows first (row by row, in the parallel quantization).
-#[derive(Debug)]
-pub enum Prologue<'a> {
-    /// An RMS norm, into its `out`.
-    Norm(RowNorm<'a>),
-    /// SwiGLU: the input is the gate; `up[i] = silu(gate[i]) * up[i]` (see [`silu_mul`]).
-    SwiGlu { up: &'a mut [f32] },
-}
-
-impl Prologue<'_> {
-    /// Where its rows go.
-    fn out(&self) -> &[f32] {
-        match self {
-            Prologue::Norm(n) => n.out,
-            Prologue::SwiGlu { up } => up,
-        }
-    }
-
-    /// The same pass over consecutive runs of `len` elements of its output, apart.
-    fn split(&mut self, len: usize) -> Vec<Prologue<'_>> {
-        match self {
-            Prologue::Norm(n) => n
-                .out
-                .chunks_mut(len)
-                .map(|out| {
-                    Prologue::Norm(RowNorm {
-                        weight: n.weight,
-                        eps: n.eps,
-                        out,
-                    })
-                })
-                .collect(),
-            Prologue::SwiGlu { up } => up
-                .chunks_mut(len)
-                .map(|up| Prologue::SwiGlu { up })
-                .collect(),
-        }
-    }
-
-    /// Makes its first `rows` rows (of `cols`) from the input rows `x`; returns them.
-    fn apply(&mut self, x: &[f32], rows: usize, cols: usize) -> &[f32] {
-        let n = rows * cols;
-        match self {
-            Prologue::Norm(norm) => rms_norm(x, norm.weight, norm.eps, rows, norm.out),
-            Prologue::SwiGlu { up } => silu_mul_into_up(&x[..n], &mut up[..n]),
-        }
-        &self.out()[..n]
-    }
 }
 
 /// [`matmul_multi`] with [`Fused`] operations.
