@@ -4,7 +4,7 @@
 //! - [`backend`]: where the arithmetic runs (CPU kernels; CUDA behind a feature).
 //! - [`kv`]: the paged KV cache (a block pool and per-sequence block tables).
 //! - [`generate`]: sampling, the generation loop and teacher-forced scoring.
-//! - [`bench`]: prefill and batched-decode throughput.
+//! - [`bench`](mod@bench): prefill and batched-decode throughput.
 
 pub mod api;
 pub mod backend;

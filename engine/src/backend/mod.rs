@@ -4,7 +4,7 @@
 //! the KV store, so a device backend keeps them all in device memory. [`cpu::CpuBackend`]
 //! implements it with the kernels in [`cpu::kernels`]. The CUDA backend plugs in behind the
 //! same trait (its own issue); a binary built without it answers `--device cuda` with
-//! [`Error::BackendNotCompiled`](crate::Error::BackendNotCompiled).
+//! [`Error::BackendNotCompiled`].
 
 pub mod cpu;
 

@@ -6,7 +6,7 @@
 //!   (Prometheus text).
 //!
 //! HTTP/1.1 and HTTP/2 over cleartext (h2c, prior knowledge) on the same port. Every error is
-//! an OpenAI-shaped JSON body (see [`error`]). A `traceparent` request header joins the
+//! an OpenAI-shaped JSON body (see `error`). A `traceparent` request header joins the
 //! engine's spans to the caller's trace and is echoed on the response.
 
 mod body;

@@ -2,12 +2,12 @@
 //!
 //! A decode step issues a few hundred parallel kernels of 20–60 µs each, so the cost of one
 //! dispatch must be a few microseconds at most. Workers therefore spin on an atomic job word
-//! between calls and only park (on a condition variable) after [`SPIN_TIME`] without work, so an
+//! between calls and only park (on a condition variable) after `SPIN_TIME` without work, so an
 //! idle engine does not keep its cores busy.
 //!
 //! Except when the pool shares its cores ([`ThreadPool::sharing_cores`]): pipeline ranks on one
 //! host that together run more threads than it has cores (each rank takes all the cores, for
-//! the moments it computes alone). There a worker spins only [`SHARED_SPIN_TIME`], enough to
+//! the moments it computes alone). There a worker spins only `SHARED_SPIN_TIME`, enough to
 //! bridge the gap between one kernel and the next within a rank's turn, then parks so as not to
 //! hold a core another rank's thread needs; a worker that wakes late leaves its share to the
 //! caller, as always.
@@ -88,7 +88,7 @@ struct Shared {
     panicked: AtomicBool,
     /// The first panic payload of the current job.
     panic_payload: Mutex<Option<Box<dyn Any + Send>>>,
-    /// How long an idle worker spins before it parks: [`SPIN_TIME`], or [`SHARED_SPIN_TIME`].
+    /// How long an idle worker spins before it parks: [`SPIN_TIME`], or `SHARED_SPIN_TIME`.
     spin: Duration,
     /// Parking: workers that found no work for `spin` wait here.
     sleep_lock: Mutex<()>,
@@ -174,7 +174,7 @@ impl ThreadPool {
     }
 
     /// As [`ThreadPool::new`], for a pool whose cores other busy threads share: idle workers
-    /// park after [`SHARED_SPIN_TIME`].
+    /// park after `SHARED_SPIN_TIME`.
     pub fn sharing_cores(n_threads: usize) -> ThreadPool {
         Self::start(n_threads, SHARED_SPIN_TIME)
     }

@@ -18,7 +18,7 @@ pub struct Fused<'a> {
 pub enum Prologue<'a> {
     /// An RMS norm, into its `out`.
     Norm(RowNorm<'a>),
-    /// SwiGLU: the input is the gate; `up[i] = silu(gate[i]) * up[i]` (see [`silu_mul`]).
+    /// SwiGLU: the input is the gate; `up[i] = silu(gate[i]) * up[i]` (see [`super::silu_mul`]).
     SwiGlu { up: &'a mut [f32] },
 }
 

@@ -10,7 +10,7 @@
 //! huge pages are off or unavailable the buffer is an ordinary zeroed mapping.
 //!
 //! A huge page is backed whole once touched, so small buffers must share them: [`HugeBuf`] is
-//! for one large buffer (a rank's KV cache), [`Arena`] hands out [`Slab`]s of shared chunks (the
+//! for one large buffer (a rank's KV cache), [`Arena`] hands out `Slab`s of shared chunks (the
 //! weights, most of them a few hundred KiB).
 
 use std::marker::PhantomData;
@@ -81,7 +81,7 @@ impl<T: Plain> HugeBuf<T> {
     }
 }
 
-/// Huge-page chunks carved into 64-byte aligned [`Slab`]s, each written once as it is handed out.
+/// Huge-page chunks carved into 64-byte aligned `Slab`s, each written once as it is handed out.
 #[derive(Debug, Default)]
 pub struct Arena {
     /// The chunk being carved and how much of it is taken.

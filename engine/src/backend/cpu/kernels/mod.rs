@@ -4,7 +4,7 @@
 //! # How a quantized matmul runs
 //!
 //! 1. The activations are quantized once per call to 8-bit blocks of 32, as llama.cpp's Q8_1:
-//!    per block a scale `d = amax / 127`, 32 `i8` values, and `s = d * sum(q)` (see [`quant`]).
+//!    per block a scale `d = amax / 127`, 32 `i8` values, and `s = d * sum(q)` (see `quant`).
 //! 2. Each weight block meets each activation block in an integer dot product (AVX-512 VNNI
 //!    `vpdpbusd`, AVX2 `vpmaddubsw` + `vpmaddwd`, or portable scalar code), scaled by
 //!    `d_w * d_x`; Q4_1's offset `m` contributes `m * s`.
@@ -12,7 +12,7 @@
 //!    task, tiles of `R` weight rows × `C` activation rows reuse each unpacked weight block for
 //!    several tokens (prefill and batched decode) and keep several accumulators in flight.
 //!
-//! With AVX-512, [`lanes`] serves every batch size of a matrix that carries a [`LaneMatrix`] (the
+//! With AVX-512, `lanes` serves every batch size of a matrix that carries a [`LaneMatrix`] (the
 //! CPU backend arranges one for every quantized weight at load): 16 weight rows side by side, one
 //! per lane, so one int-to-float conversion serves 16 rows.
 //!
@@ -259,7 +259,8 @@ pub fn dequantize_row(dtype: GgmlType, src: &[u8], dst: &mut [f32]) {
     scalar::dequantize_row(dtype, src, dst);
 }
 
-/// y[i * w.rows + r] = sum_k W[r][k] * x[i * w.cols + k], for i in 0..m (x is m rows of w.cols f32).
+/// `y[i * w.rows + r] = sum_k W[r][k] * x[i * w.cols + k]` for `i < m` (`x` is `m` rows of
+/// `w.cols` f32).
 ///
 /// Reads the first `m * w.cols` elements of `x` and writes the first `m * w.rows` of `y`.
 pub fn matmul(pool: &ThreadPool, w: &QMatrix, x: &[f32], m: usize, y: &mut [f32]) {
@@ -279,7 +280,7 @@ pub fn matmul_with(
 }
 
 /// Several weights with the same input x (e.g. Q, K, V; or gate and up): one activation
-/// quantization, one parallel dispatch. ys[j] gets the result for ws[j], laid out as in `matmul`.
+/// quantization, one parallel dispatch. `ys[j]` gets the result for `ws[j]`, laid out as in `matmul`.
 pub fn matmul_multi(pool: &ThreadPool, ws: &[QMatrix], x: &[f32], m: usize, ys: &mut [&mut [f32]]) {
     matmul_multi_with(simd_level(), pool, ws, x, m, ys);
 }

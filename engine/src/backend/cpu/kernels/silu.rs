@@ -9,7 +9,7 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
 
 /// [`silu_mul`] at a chosen instruction set (lowered to what the CPU supports). Every level
 /// computes `g / (1 + exp(-g)) * u` in that order; AVX-512's `exp` is glibc's `expf` (see
-/// [`super::vexp`]), so the levels agree bit for bit wherever the two `exp`s do.
+/// `vexp`), so the levels agree bit for bit wherever the two `exp`s do.
 pub fn silu_mul_with(level: SimdLevel, gate: &mut [f32], up: &[f32]) {
     assert!(up.len() >= gate.len(), "silu_mul: up shorter than gate");
     let len = gate.len();
