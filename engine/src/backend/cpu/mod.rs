@@ -361,18 +361,8 @@ impl Backend for CpuBackend {
     }
 
     fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
-        // One `exp` per element: split over the threads when there are many (a batch).
-        let chunk = len.div_ceil(self.pool.n_threads()).max(4096);
-        let parts: Vec<std::sync::Mutex<(&mut [f32], &[f32])>> = gate[..len]
-            .chunks_mut(chunk)
-            .zip(up[..len].chunks(chunk))
-            .map(std::sync::Mutex::new)
-            .collect();
-        self.pool.run(parts.len(), &|i| {
-            let mut p = parts[i].lock().unwrap_or_else(|e| e.into_inner());
-            let (g, u) = &mut *p;
-            kernels::silu_mul(g, u);
-        });
+        // The forward pass runs SwiGLU inside the down projection (`swiglu_matmul_add`).
+        kernels::silu_mul(&mut gate[..len], &up[..len]);
     }
 
     fn add_assign(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {

@@ -321,10 +321,10 @@ mod x86 {
     }
 
     /// Writes `exp(score - max score)` of each query `q[g]` over positions `0..n` to
-    /// `s[g][0..n]` and returns their sums, a block of 16 positions at a time: per element `d` of the head, one load of
-    /// the 16 keys' element `d` and an FMA with `q[g][d]` broadcast for each head (two chains per
-    /// head, even and odd `d`). Asks for the next block's keys and this block's values ahead of
-    /// use (the KV cache of a decode step mostly comes from memory).
+    /// `s[g][0..n]` and returns their sums, a block of 16 positions at a time: per element `d` of
+    /// the head, one load of the 16 keys' element `d` and an FMA with `q[g][d]` broadcast for each
+    /// head (two chains per head, even and odd `d`). Asks for the next block's keys and this
+    /// block's values ahead of use (the KV cache of a decode step mostly comes from memory).
     ///
     /// # Safety
     /// AVX-512 F/BW/VL; `kv.block_size == 16`; each `q[g]` holds `kv.head_dim` floats; the blocks

@@ -98,8 +98,6 @@ pub use lane_order::LaneMatrix;
 pub use norm::{rms_norm, RowNorm};
 use quant::QActs;
 use runs::RowRuns;
-#[cfg(test)]
-use runs::{ROW_UNIT, RUNS_PER_THREAD};
 pub use silu::{silu_mul, silu_mul_into_up, silu_mul_with};
 
 /// A weight matrix in its stored (GGUF) layout: `rows` rows of `cols` elements, row-major; with
@@ -280,7 +278,8 @@ pub fn matmul_with(
 }
 
 /// Several weights with the same input x (e.g. Q, K, V; or gate and up): one activation
-/// quantization, one parallel dispatch. `ys[j]` gets the result for `ws[j]`, laid out as in `matmul`.
+/// quantization, one parallel dispatch. `ys[j]` gets the result for `ws[j]`, laid out as in
+/// `matmul`.
 pub fn matmul_multi(pool: &ThreadPool, ws: &[QMatrix], x: &[f32], m: usize, ys: &mut [&mut [f32]]) {
     matmul_multi_with(simd_level(), pool, ws, x, m, ys);
 }

@@ -32,11 +32,17 @@ pub(crate) fn quantize_parallel(
     } else {
         m.div_ceil(pool.n_threads()).clamp(2, QUANT_ROWS_PER_TASK)
     };
-    let mut pro: Vec<Option<Prologue<'_>>> = match prologue {
-        Some(p) => p.split(k * cols).into_iter().map(Some).collect(),
-        None => Vec::new(),
+    // The prologue's output cut like the rows (past `m` rows, if it is longer, left alone).
+    let n_parts = m.div_ceil(k);
+    let pro: Vec<Option<Prologue<'_>>> = match prologue {
+        Some(p) => p
+            .split(k * cols)
+            .into_iter()
+            .take(n_parts)
+            .map(Some)
+            .collect(),
+        None => (0..n_parts).map(|_| None).collect(),
     };
-    pro.resize_with(m.div_ceil(k), || None);
     let parts: Vec<Mutex<QuantPart>> = x[..m * cols]
         .chunks(k * cols)
         .zip(pro)

@@ -2,6 +2,7 @@
 
 use half::{bf16, f16};
 
+use super::runs::{ROW_UNIT, RUNS_PER_THREAD};
 use super::*;
 
 mod attend;
