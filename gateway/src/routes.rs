@@ -99,6 +99,7 @@ impl Router {
                 "sha256": loaded.sha256,
                 "loaded_at": loaded_at,
                 "path": loaded.path.as_ref().map(|p| p.display().to_string()),
+                "restart_pending": loaded.restart_pending,
                 "policy": loaded.policy,
             }),
         ))
@@ -110,6 +111,7 @@ impl Router {
         let mut text = app
             .metrics
             .render(&app.admission.snapshot(), &app.upstream.ranks());
+        crate::telemetry::metrics::render_policy(&mut text, &app.policy.current());
         app.upstream.render_metrics(&mut text);
         if let Some(alerter) = app.alerter.get() {
             text.push_str(&alerter.render_prometheus());

@@ -17,6 +17,9 @@ pub struct LoadedPolicy {
     pub loaded_at: SystemTime,
     /// The file; none for the built-in defaults.
     pub path: Option<PathBuf>,
+    /// Keys the file changed that need a restart (held at their running values; see
+    /// [`super::guard`]).
+    pub restart_pending: Vec<String>,
 }
 
 /// Why a policy was refused; the message names the file, line and column where it can.
@@ -42,6 +45,7 @@ impl LoadedPolicy {
             sha256: hex_sha256(b""),
             loaded_at: SystemTime::now(),
             path: None,
+            restart_pending: Vec::new(),
         }
     }
 
@@ -66,6 +70,7 @@ impl LoadedPolicy {
             sha256: hex_sha256(bytes),
             loaded_at: SystemTime::now(),
             path: path.map(Path::to_owned),
+            restart_pending: Vec::new(),
         })
     }
 }

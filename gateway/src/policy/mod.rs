@@ -5,10 +5,13 @@
 //! - [`validate`]: the rules across keys (ranges, consistency).
 //! - [`load`]: reading a file into a [`LoadedPolicy`] (hash, load time), errors with line and
 //!   column; [`load::check_file`] for `sluice policy check`.
+//! - [`guard`]: what a reload must pass beyond validity (access never widens silently; keys
+//!   that need a restart are held).
 //! - [`reload`]: the file watcher and SIGHUP that swap a new policy in.
 //! - [`store`]: the policy in force, shared by every layer.
 
 mod duration;
+pub mod guard;
 pub mod load;
 pub mod reload;
 pub mod schema;
@@ -18,6 +21,7 @@ pub mod validate;
 #[cfg(test)]
 mod tests;
 
+pub use guard::Guard;
 pub use load::{check_file, LoadedPolicy, PolicyError};
 pub use reload::{spawn_reloader, ReloadHandle};
 pub use schema::{

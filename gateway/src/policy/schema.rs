@@ -26,7 +26,12 @@ pub struct Policy {
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Server {
+    /// Read at start: a change needs a restart.
     pub listen: SocketAddr,
+    /// Run without API keys on purpose. With no `[[tenants]]` the gateway is open anyway; this
+    /// key says so explicitly, which is what a non-loopback `listen` needs at start-up and what
+    /// a reload that removes every tenant needs (see `policy::guard`).
+    pub open: bool,
     /// PEM certificate chain; with `tls_key`. Neither: a generated development certificate.
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `tls_cert`.
@@ -46,6 +51,7 @@ impl Default for Server {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
+            open: false,
             tls_cert: None,
             tls_key: None,
             body_limit_bytes: 4 << 20,
@@ -330,4 +336,7 @@ impl Traces {
 #[serde(deny_unknown_fields, default)]
 pub struct Admin {
     pub api_key_sha256: Option<String>,
+    /// The admin endpoints are off on purpose: what a reload that drops `api_key_sha256` must
+    /// say (see `policy::guard`).
+    pub disabled: bool,
 }

@@ -26,6 +26,7 @@ macro_rules! refused {
 }
 
 mod files;
+mod guard;
 mod reload;
 mod tenants;
 

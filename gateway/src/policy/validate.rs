@@ -65,6 +65,16 @@ pub fn problems(p: &Policy) -> Vec<Problem> {
     admission(&p.admission, &p.limits, &mut out);
     upstream(&p.upstream, &mut out);
     tenants(&p.tenants, &p.admin, &mut out);
+    if p.server.open && !p.tenants.is_empty() {
+        out.add(
+            "server.open",
+            format!(
+                "true says the gateway runs without API keys, but [[tenants]] gives {} key(s); \
+                 remove one or the other",
+                p.tenants.len()
+            ),
+        );
+    }
     alerts(&p.alerts, &mut out);
     traces(&p.traces, &mut out);
     admin(&p.admin, &mut out);
@@ -472,6 +482,12 @@ fn alerts(al: &Alerts, out: &mut Problems) {
 fn admin(ad: &Admin, out: &mut Problems) {
     if let Some(Err(why)) = ad.api_key_sha256.as_deref().map(sha256_hex) {
         out.add("admin.api_key_sha256", why);
+    }
+    if ad.disabled && ad.api_key_sha256.is_some() {
+        out.add(
+            "admin.disabled",
+            "true turns the admin endpoints off, but admin.api_key_sha256 is set; remove one",
+        );
     }
 }
 

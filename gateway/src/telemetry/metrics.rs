@@ -10,7 +10,7 @@ use sluice_engine::prom::{escape, header as help, Histogram};
 use super::outcome::Outcome;
 use crate::bundled::RankStatus;
 use crate::middleware::admission::Snapshot;
-use crate::policy::Class;
+use crate::policy::{Class, LoadedPolicy};
 
 /// Queue-wait buckets (seconds): from instant admission to past the 60 s default wait limit.
 const WAIT_BUCKETS: &[f64] = &[
@@ -231,6 +231,27 @@ impl Metrics {
         );
         render_ranks(&mut out, ranks);
         out
+    }
+}
+
+/// Gauges of the policy in force: whether it runs open (no key asked) and how many of the
+/// file's keys wait for a restart.
+pub fn render_policy(out: &mut String, loaded: &LoadedPolicy) {
+    let gauges = [
+        (
+            "sluice_policy_open",
+            "Whether the policy in force asks no API key (no [[tenants]]): 1, else 0.",
+            u64::from(loaded.policy.tenants.is_empty()),
+        ),
+        (
+            "sluice_policy_restart_pending",
+            "Keys of the policy file that changed but need a restart (held at their running values).",
+            loaded.restart_pending.len() as u64,
+        ),
+    ];
+    for (name, text, v) in gauges {
+        help(out, name, text, "gauge");
+        let _ = writeln!(out, "{name} {v}");
     }
 }
 

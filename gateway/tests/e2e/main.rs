@@ -8,6 +8,7 @@ mod faults;
 mod hostile;
 mod otlp;
 mod peer;
+mod policy_edits;
 mod reload;
 mod replicas;
 mod scripted;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::StatusCode;
 use serde_json::json;
-use sluice_gateway::policy::{spawn_reloader, LoadedPolicy};
+use sluice_gateway::policy::{spawn_reloader, Guard, LoadedPolicy};
 
 use crate::common::{eventually, Gateway, ScriptedUpstream};
 
@@ -33,12 +33,17 @@ async fn active_max_follows_edits_under_load_and_a_broken_edit_changes_nothing()
     let reloads = Arc::new(AtomicUsize::new(0));
     let errors = Arc::new(AtomicUsize::new(0));
     let (r, e) = (reloads.clone(), errors.clone());
-    let _watch = spawn_reloader(file.clone(), gw.app.policy.clone(), move |res| {
-        match res {
-            Ok(_) => r.fetch_add(1, Ordering::SeqCst),
-            Err(_) => e.fetch_add(1, Ordering::SeqCst),
-        };
-    })
+    let _watch = spawn_reloader(
+        file.clone(),
+        gw.app.policy.clone(),
+        Guard::new(gw.addr),
+        move |res| {
+            match res {
+                Ok(_) => r.fetch_add(1, Ordering::SeqCst),
+                Err(_) => e.fetch_add(1, Ordering::SeqCst),
+            };
+        },
+    )
     .expect("watch");
 
     // The upstream answers every request after 150 ms.

@@ -11,7 +11,7 @@ use sluice_gateway::bundled::{BundledConfig, Supervisor};
 use sluice_gateway::forward::{http_client, BundledUpstream, ReplicaPool, Upstream};
 use sluice_gateway::middleware::count::PromptCounter;
 use sluice_gateway::policy::reload::spawn_reloader;
-use sluice_gateway::policy::{LoadedPolicy, PolicyError, PolicyStore, UpstreamKind};
+use sluice_gateway::policy::{Guard, LoadedPolicy, PolicyError, PolicyStore, UpstreamKind};
 use sluice_gateway::routes::Router;
 use sluice_gateway::{server, tls};
 use tokio::net::TcpListener;
@@ -61,8 +61,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         "policy loaded"
     );
     let policy = loaded.policy.clone();
+    let listen = args.listen.unwrap_or(policy.server.listen);
+    // Open off loopback only on purpose; every reload is held to the same rules.
+    let guard = Guard::new(listen);
+    guard.check_start(&policy)?;
     if policy.tenants.is_empty() {
-        tracing::warn!("no [[tenants]] in the policy: the gateway is OPEN (no API key needed)");
+        tracing::warn!(
+            explicit = policy.server.open,
+            "no [[tenants]] in the policy: the gateway is OPEN (no API key needed)"
+        );
     }
     let store = PolicyStore::new(loaded);
     let model = args
@@ -136,7 +143,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     Err(e) => alerter.policy_reload_failed(&e.message),
                 }
             };
-            Some(spawn_reloader(path, app.policy.clone(), on_result)?)
+            Some(spawn_reloader(path, app.policy.clone(), guard, on_result)?)
         }
         None => None,
     };
@@ -145,7 +152,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         app,
     };
 
-    let listen = args.listen.unwrap_or(policy.server.listen);
     let acceptor = if args.plain_http {
         tracing::warn!("serving plain HTTP (--plain-http)");
         None
