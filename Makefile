@@ -2,7 +2,7 @@
 CARGO ?= cargo
 THREADS ?= 2
 
-.PHONY: run engine chat test fetch-model build lint bench deny fuzz rdma
+.PHONY: run engine chat test fetch-model build lint bench deny fuzz rdma cuda-check
 fetch-model:
 	./scripts/fetch-model.sh
 
@@ -55,3 +55,9 @@ TARGET ?= request
 SECS ?= 60
 fuzz: fetch-model
 	cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $(TARGET) -- -max_total_time=$(SECS)
+
+## The CUDA kernels, checked with no GPU: NVRTC compiles each for compute_90 and compute_80,
+## ptxas -v assembles it for sm_90 (one line per kernel: registers, shared memory, spills); fails
+## on an error or a spill. Installs NVRTC and ptxas from PyPI under ~/.cache/sluice/cuda12.
+cuda-check:
+	./scripts/cuda-check.sh

@@ -4,7 +4,8 @@
 //! (default 2 threads, m = 1,8,512, every shape; `SLUICE_SIMD=scalar|avx2` caps the instruction
 //! set). Prints µs per call and GMAC/s for each shape whose name contains FILTER at each m (best
 //! of many batches) and estimates the matmuls of a whole step per m; then, unless FILTER names
-//! none of them, one layer's batch-8 decode attention and a fused decode layer.
+//! none of them, one layer's batch-8 decode attention, one KV head's prefill attention at 512 and
+//! 4,096 positions, and a fused decode layer.
 
 use std::time::{Duration, Instant};
 
@@ -149,6 +150,9 @@ fn main() {
     if "attention".contains(filter.as_str()) {
         attention_bench(budget);
     }
+    if "prefill attention".contains(filter.as_str()) {
+        prefill_attention_bench(budget, &[512, 4096]);
+    }
     if !filter.is_empty() {
         return;
     }
@@ -201,6 +205,46 @@ fn main() {
             "one layer (fused QKV, gate/up) m={m}: {:.1} us, x{LAYERS} layers = {:.2} ms",
             t.as_secs_f64() * 1e6,
             t.as_secs_f64() * 1e3 * LAYERS as f64
+        );
+    }
+}
+
+/// One KV head's prefill attention (3 query heads of 64) over `n` positions, in tasks of 16
+/// query rows as the backend runs them, on one thread; with the estimate for the whole model
+/// (30 layers, 3 KV heads, 2 threads).
+fn prefill_attention_bench(budget: Duration, ns: &[usize]) {
+    let (group, hd, bs) = (3, 64, 16);
+    for &n in ns {
+        let blocks: Vec<u32> = (0..n.div_ceil(bs) as u32).collect();
+        let kb: Vec<u16> = (0..blocks.len() * bs * hd)
+            .map(|i| half::f16::from_f32(((i * 7919) % 2001) as f32 / 1000.0 - 1.0).to_bits())
+            .collect();
+        let vb: Vec<u16> = kb.iter().rev().copied().collect();
+        let q: Vec<f32> = (0..n * group * hd)
+            .map(|i| ((i * 31) % 200) as f32 / 100.0 - 1.0)
+            .collect();
+        let kv = KvHead {
+            k: &kb,
+            v: &vb,
+            head_dim: hd,
+            block_stride: bs * hd,
+            blocks: &blocks,
+            block_size: bs,
+        };
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut out = vec![0f32; 16 * group * hd];
+        let t = time_it(budget, || {
+            for r0 in (0..n).step_by(16) {
+                let rows = 16.min(n - r0);
+                let q = &q[r0 * group * hd..];
+                let out = &mut out[..rows * group * hd];
+                attend_rows(&kv, q, group * hd, hd, group, r0 + 1, scale, out);
+            }
+        });
+        println!(
+            "prefill attention, {n} positions, one KV head, 1 thread: {:.2} ms (model estimate {:.2} s)",
+            t.as_secs_f64() * 1e3,
+            t.as_secs_f64() * 30.0 * 3.0 / 2.0
         );
     }
 }

@@ -47,6 +47,8 @@ pub enum Error {
     OutOfKvBlocks { needed: usize, free: usize },
     #[error("the {0} backend is not compiled into this binary (rebuild with `--features {0}`)")]
     BackendNotCompiled(&'static str),
+    #[error("--device cuda: {0}")]
+    CudaUnavailable(String),
     #[error("transport: {0}")]
     Transport(String),
     #[error("handshake refused: {0}")]

@@ -7,6 +7,7 @@
 //! [`Error::BackendNotCompiled`].
 
 pub mod cpu;
+pub mod cuda;
 
 use std::sync::Arc;
 
@@ -184,11 +185,34 @@ impl std::str::FromStr for Device {
 }
 
 impl Device {
+    /// The name `--device` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+        }
+    }
+
     /// Fails with a clear error for a device this binary cannot drive.
     pub fn check_available(self) -> Result<()> {
         match self {
             Self::Cpu => Ok(()),
+            #[cfg(not(feature = "cuda"))]
             Self::Cuda => Err(Error::BackendNotCompiled("cuda")),
+            // The driver, NVRTC and a GPU are probed before cudarc loads anything (its loaders
+            // panic on a missing library). With all three present, the backend's model code is
+            // what is still missing (docs/architecture.md, "The CUDA backend").
+            #[cfg(feature = "cuda")]
+            Self::Cuda => {
+                let found = cuda::probe::probe()?;
+                Err(Error::CudaUnavailable(format!(
+                    "found {} GPU(s) (driver CUDA {}.{}), but the CUDA Backend that runs the \
+                     model is not written yet; its kernels are checked by `make cuda-check`",
+                    found.devices,
+                    found.driver_version / 1000,
+                    found.driver_version % 1000 / 10
+                )))
+            }
         }
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use sluice_engine::backend::cpu::CpuBackend;
+use sluice_engine::backend::Device;
 use sluice_engine::kv::sizing::{blocks_for, KvBudget};
 use sluice_engine::model::chat::ChatTemplate;
 use sluice_engine::model::gguf::GgufFile;
@@ -29,6 +30,10 @@ pub struct RankArgs {
     /// The GGUF model file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Where every rank computes: `cpu`, or `cuda` (checked first: a missing driver, NVRTC or
+    /// GPU is one line naming it).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
     /// Pipeline ranks.
     #[arg(long, default_value_t = 3)]
     ranks: usize,
@@ -142,6 +147,8 @@ impl RankArgs {
             self.threads().to_string(),
             "--mem-fraction".into(),
             self.mem_fraction.to_string(),
+            "--device".into(),
+            self.device.as_str().into(),
         ];
         if let Some(t) = self.kv_tokens {
             a.extend(["--kv-tokens".into(), t.to_string()]);
@@ -228,6 +235,7 @@ pub fn rank(args: RankCmdArgs) -> Result<()> {
     if args.exit_with_parent {
         exit_with_parent();
     }
+    args.rank.device.check_available()?;
     let Ok(secret) = std::env::var(SECRET_ENV) else {
         bail!("set {SECRET_ENV} to the cluster secret shared by all ranks");
     };
@@ -264,6 +272,7 @@ pub fn serve(mut args: ServeArgs) -> Result<()> {
         r.shared_cores |= r.ranks * r.threads() > cores();
     }
     let r = &args.rank;
+    r.device.check_available()?;
     let transport = r.transport.data_transport();
     if r.ranks > 1 {
         transport.check()?;
