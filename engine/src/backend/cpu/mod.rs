@@ -7,7 +7,7 @@ pub mod pool;
 
 use std::sync::Mutex;
 
-use self::kernels::{Arena, HugeBuf, LaneMatrix, QMatrix, SimdLevel};
+use self::kernels::{Arena, HugeBuf, LaneMatrix, QMatrix};
 use self::pool::ThreadPool;
 use super::{AttnShape, Backend, WeightSource};
 use crate::error::{Error, Result};
@@ -194,7 +194,7 @@ impl Backend for CpuBackend {
         let m = QMatrix::new(src.dtype(), rows, cols, src.bytes())?;
         // The lane kernel reads its own copy of the weights (the mapped file's pages are then
         // only read once, here).
-        let lanes = if kernels::simd_level() == SimdLevel::Avx512 {
+        let lanes = if kernels::lane_kernel(kernels::simd_level()) {
             LaneMatrix::new_in(&self.weights, &m)?
         } else {
             None

@@ -3,6 +3,8 @@
 
 use std::cell::RefCell;
 
+#[cfg(target_arch = "x86_64")]
+use super::flash;
 use super::SimdLevel;
 
 /// One KV head of one sequence in a paged cache of f16 keys and values (as bits: llama.cpp's
@@ -64,9 +66,10 @@ thread_local! {
 /// For row `r` and head `g < heads`: `out[(r * heads + g) * hd..][..hd] = softmax(scale * q ·
 /// K[p]) · V[p]` over positions `p < n_ctx0 + r`, with `q = q[r * q_stride + g * hd..][..hd]`;
 /// `out.len()` is a multiple of `heads * hd`. A row's result does not depend on the other rows or
-/// on how heads are grouped into calls; levels agree within float tolerance (the AVX-512 path
-/// sums each score over the head's elements in two interleaved chains and the weights in 8
-/// lanes, and divides the weighted sum of values once; the portable path sums in order and
+/// on how heads are grouped into calls, nor on whether it is a prefill or a decode row; levels
+/// agree within float tolerance (the AVX-512 path sums each score over the head's elements in two
+/// interleaved chains and the weights in 8 lanes, and divides the weighted sum of values once;
+/// the AVX2 path is the tiled online softmax of `flash`; the portable path sums in order and
 /// divides each weight).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
@@ -137,10 +140,27 @@ pub fn attend_rows_with(
         scale,
         pad: n_max.next_multiple_of(16),
     };
+    let level = level.clamp();
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx2 && flash::takes(hd, bs) {
+        let call = flash::Call {
+            q,
+            q_stride,
+            hd,
+            heads,
+            n_ctx0,
+            scale,
+        };
+        // SAFETY: the level is clamped to the detected one, so AVX2, FMA and F16C are present;
+        // every used block lies inside both caches and `q` holds every row's heads (asserted
+        // above); `out` holds the rows.
+        unsafe { flash::run_avx2(kv, &call, out) };
+        return;
+    }
     SCORES.with(|cell| {
         let mut scores = cell.borrow_mut();
         scores.resize(heads * args.pad, 0.0);
-        match level.clamp() {
+        match level {
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 if hd <= 16 * x86::MAX_VECS && bs == 16 => {
                 // SAFETY: the level is clamped to the detected one, so AVX-512 F/BW/VL are present;

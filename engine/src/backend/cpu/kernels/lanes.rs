@@ -140,6 +140,73 @@ unsafe fn tile<const Q8: bool, const C: usize>(
     }
 }
 
+/// One tile of [`each_tile`]: a group of 16 weight rows (`n` of them real) times `c` tokens.
+#[derive(Clone, Copy)]
+pub(crate) struct Tile {
+    /// Tokens (at most `MAX_C`).
+    pub c: usize,
+    pub group: *const u8,
+    pub n: usize,
+    pub xq: *const i8,
+    pub xds: *const f32,
+    pub out: *mut f32,
+    /// The residual's place for the tile's outputs, or null.
+    pub res: *mut f32,
+    pub stride: usize,
+}
+
+/// Cuts `rows` × `toks` of lane-ordered weight `w` (`rows` starting at a group of 16) into
+/// [`Tile`]s of 16 rows × up to 8 tokens and runs `f` on each. A tile's pointers are valid for
+/// what its fields say: `group` is a whole group of `w`, tokens `c` rows of the activations, and
+/// outputs `out + ci * stride + r` (and the residual's) for `ci < c`, `r < n` lie below
+/// `m * w.rows` and belong to this task only (see `OutPtr`; the caller sized the output and the
+/// residual so).
+pub(crate) fn each_tile(
+    w: &LaneMatrix,
+    acts: &QActs,
+    rows: Range<usize>,
+    toks: Range<usize>,
+    out: OutPtr,
+    residual: Option<OutPtr>,
+    mut f: impl FnMut(Tile),
+) {
+    let (nb, cols, gb) = (acts.nb, acts.cols, w.group_bytes());
+    assert!(rows.end <= w.rows() && rows.start.is_multiple_of(ROWS));
+    assert!(toks.end <= acts.m && nb == w.nb());
+    assert!(acts.qs.len() >= acts.m * cols && acts.ds.len() >= acts.m * 2 * nb);
+    let bytes = w.bytes();
+    // Token tiles of nearly equal size, at most `MAX_C`.
+    let parts = toks.len().div_ceil(MAX_C);
+    let mut i = toks.start;
+    for k in 0..parts {
+        let c = (toks.end - i) / (parts - k);
+        let (xq, xds) = (acts.qs[i * cols..].as_ptr(), acts.ds[i * 2 * nb..].as_ptr());
+        for r in rows.clone().step_by(ROWS) {
+            let at = i * w.rows() + r;
+            f(Tile {
+                c,
+                group: bytes[r / ROWS * gb..][..gb].as_ptr(),
+                n: ROWS.min(rows.end - r),
+                xq,
+                xds,
+                out: out.0.wrapping_add(at),
+                res: residual.map_or(std::ptr::null_mut(), |p| p.0.wrapping_add(at)),
+                stride: w.rows(),
+            });
+        }
+        i += c;
+    }
+}
+
+/// Whether `w` is Q8_0 (else Q4_1).
+pub(crate) fn is_q8(w: &LaneMatrix) -> bool {
+    match w.dtype() {
+        GgmlType::Q8_0 => true,
+        GgmlType::Q4_1 => false,
+        other => unreachable!("{other} is not a quantized type"),
+    }
+}
+
 /// Outputs of lane-ordered weight `w` for `rows` × `toks` (`rows` starting at a group of 16),
 /// stored at `out` (as `super::quant_block`) and added to `residual` (laid out alike) if any, in
 /// tiles of 16 rows × up to 8 tokens.
@@ -153,50 +220,23 @@ pub(crate) fn block(
     out: OutPtr,
     residual: Option<OutPtr>,
 ) {
-    let q8 = match w.dtype() {
-        GgmlType::Q8_0 => true,
-        GgmlType::Q4_1 => false,
-        other => unreachable!("{other} is not a quantized type"),
-    };
-    let (nb, cols, gb) = (acts.nb, acts.cols, w.group_bytes());
-    assert!(rows.end <= w.rows() && rows.start.is_multiple_of(ROWS));
-    assert!(toks.end <= acts.m && nb == w.nb());
-    assert!(acts.qs.len() >= acts.m * cols && acts.ds.len() >= acts.m * 2 * nb);
-    let bytes = w.bytes();
-    // Token tiles of nearly equal size, at most `MAX_C`.
-    let parts = toks.len().div_ceil(MAX_C);
-    let mut i = toks.start;
-    for k in 0..parts {
-        let c = (toks.end - i) / (parts - k);
-        let (xq, xds) = (acts.qs[i * cols..].as_ptr(), acts.ds[i * 2 * nb..].as_ptr());
-        for r in rows.clone().step_by(ROWS) {
-            let n = ROWS.min(rows.end - r);
-            let at = i * w.rows() + r;
-            let (group, dst) = (
-                bytes[r / ROWS * gb..][..gb].as_ptr(),
-                out.0.wrapping_add(at),
-            );
-            let res = residual.map_or(std::ptr::null_mut(), |p| p.0.wrapping_add(at));
-            macro_rules! go {
-                ($($c:literal)*) => {
-                    match (q8, c) {
-                        // SAFETY: `group` is a whole group of `w` and tokens `i..i + c` are
-                        // inside the activations (asserted above); outputs
-                        // `(i + ci) * w.rows + r + ri` lie below `m * w.rows <= y.len()` (checked
-                        // by the caller, who also sized the residual so) and belong to this task
-                        // only (see `OutPtr`); the caller checked the CPU features.
-                        $((true, $c) => unsafe {
-                            tile::<true, $c>(w, group, n, xq, xds, dst, res, w.rows())
-                        },
-                        (false, $c) => unsafe {
-                            tile::<false, $c>(w, group, n, xq, xds, dst, res, w.rows())
-                        },)*
-                        _ => unreachable!("tile of {c} tokens"),
-                    }
-                };
-            }
-            go!(1 2 3 4 5 6 7 8);
+    let q8 = is_q8(w);
+    each_tile(w, acts, rows, toks, out, residual, |t| {
+        macro_rules! go {
+            ($($c:literal)*) => {
+                match (q8, t.c) {
+                    // SAFETY: the tile's pointers are valid as `each_tile` says; the caller
+                    // checked the CPU features.
+                    $((true, $c) => unsafe {
+                        tile::<true, $c>(w, t.group, t.n, t.xq, t.xds, t.out, t.res, t.stride)
+                    },
+                    (false, $c) => unsafe {
+                        tile::<false, $c>(w, t.group, t.n, t.xq, t.xds, t.out, t.res, t.stride)
+                    },)*
+                    _ => unreachable!("tile of {} tokens", t.c),
+                }
+            };
         }
-        i += c;
-    }
+        go!(1 2 3 4 5 6 7 8);
+    });
 }

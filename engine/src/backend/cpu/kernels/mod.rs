@@ -30,6 +30,8 @@ use crate::error::{Error, Result};
 mod argmax;
 mod attention;
 mod f16;
+#[cfg(target_arch = "x86_64")]
+mod flash;
 mod fused;
 /// The body of a SIMD level's quantized `tile` (`avx2::tile`, `avx512::tile`): checks the
 /// buffers against the shape, then runs the calling module's `q4_1_tile` or `q8_0_tile`
@@ -72,6 +74,8 @@ macro_rules! quant_tile_body {
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_lanes;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 mod float;
 mod huge;
@@ -84,6 +88,8 @@ mod quant;
 mod runs;
 mod scalar;
 mod silu;
+#[cfg(target_arch = "x86_64")]
+mod simd16;
 #[cfg(test)]
 mod tests;
 mod vexp;
@@ -381,13 +387,13 @@ pub fn matmul_fused_with(
     });
 
     let quantized = ws.iter().any(QMatrix::is_quantized);
-    let avx512 = cfg!(target_arch = "x86_64") && level == SimdLevel::Avx512;
+    let lane_level = cfg!(target_arch = "x86_64") && lane_kernel(level);
     // Batch invariance: every (weight row, token) product must be computed the same way
     // whatever else is in the batch, or a request's greedy output would depend on its
     // neighbours. The lanes kernel serves every batch size of lane-ordered weights on AVX-512
-    // (a weight-repacking prefill kernel was tried and dropped: it rounded differently, and was
-    // slower here).
-    let use_lanes = avx512 && ws.iter().all(|w| !w.is_quantized() || w.lanes.is_some());
+    // and AVX2 (a weight-repacking prefill kernel was tried and dropped: it rounded
+    // differently, and was slower here).
+    let use_lanes = lane_level && ws.iter().all(|w| !w.is_quantized() || w.lanes.is_some());
     let mut acts = if quantized {
         let mut a = quant::take_scratch();
         a.reset(m, cols);
@@ -429,7 +435,12 @@ pub fn matmul_fused_with(
                     // The lane kernel adds the residual as it stores (reading back its masked
                     // stores here stalled on store forwarding).
                     let packed = w.lanes.expect("lane order checked above");
-                    lanes::block(packed, a, rows, toks.clone(), outs[j], residual);
+                    if level == SimdLevel::Avx512 {
+                        lanes::block(packed, a, rows, toks.clone(), outs[j], residual);
+                    } else {
+                        let kind = avx2_dot();
+                        avx2_lanes::block(kind, packed, a, rows, toks.clone(), outs[j], residual);
+                    }
                     continue;
                 }
                 Some(a) if w.is_quantized() => {
@@ -461,6 +472,19 @@ pub fn matmul_fused_with(
     if let Some(a) = acts.take() {
         quant::put_scratch(a);
     }
+}
+
+/// Whether `level` runs lane-ordered weights through a lane kernel (`lanes`, `avx2_lanes`); the
+/// CPU backend arranges them when [`simd_level`] does.
+pub fn lane_kernel(level: SimdLevel) -> bool {
+    matches!(level, SimdLevel::Avx512 | SimdLevel::Avx2)
+}
+
+/// The byte dot product the AVX2 lane kernel uses on this CPU (detected once).
+#[cfg(target_arch = "x86_64")]
+fn avx2_dot() -> avx2_lanes::DotKind {
+    static KIND: std::sync::OnceLock<avx2_lanes::DotKind> = std::sync::OnceLock::new();
+    *KIND.get_or_init(avx2_lanes::DotKind::detect)
 }
 
 /// Most tokens per task on the lanes kernel.

@@ -64,9 +64,13 @@ pub(super) fn dequantize_row(dtype: GgmlType, src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// Dot product of one stored quantized row with one quantized activation row.
+/// Dot product of one stored quantized row with one quantized activation row, in the lane
+/// kernels' arithmetic (`lanes`, `avx2_lanes`), so that every level gives the same bits: per block
+/// the exact integer dot product (Q8_0's over the unsigned bytes `q + 128` those kernels read),
+/// converted, scaled by `d_w * d_x` and added with an FMA, and the offset terms (Q4_1's `m * s`,
+/// Q8_0's `-128 * d * s`) in a sum of their own, added last.
 fn dot_row(dtype: GgmlType, w: &[u8], xq: &[i8], xds: &[f32]) -> f32 {
-    let mut acc = 0f32;
+    let (mut acc, mut macc) = (0f32, 0f32);
     match dtype {
         GgmlType::Q4_1 => {
             for (b, blk) in w.chunks_exact(Q4_1_BYTES).enumerate() {
@@ -77,7 +81,8 @@ fn dot_row(dtype: GgmlType, w: &[u8], xq: &[i8], xds: &[f32]) -> f32 {
                     dot += (q & 0x0F) as i32 * x[j] as i32 + (q >> 4) as i32 * x[j + 16] as i32;
                 }
                 let (d, m) = (f16_at(blk, 0), f16_at(blk, 2));
-                acc += d * xds[2 * b] * dot as f32 + m * xds[2 * b + 1];
+                acc = (dot as f32).mul_add(d * xds[2 * b], acc);
+                macc = m.mul_add(xds[2 * b + 1], macc);
             }
         }
         GgmlType::Q8_0 => {
@@ -86,14 +91,16 @@ fn dot_row(dtype: GgmlType, w: &[u8], xq: &[i8], xds: &[f32]) -> f32 {
                 let dot: i32 = blk[2..]
                     .iter()
                     .zip(x)
-                    .map(|(&q, &v)| (q as i8) as i32 * v as i32)
+                    .map(|(&q, &v)| ((q ^ 0x80) as i32) * v as i32)
                     .sum();
-                acc += f16_at(blk, 0) * xds[2 * b] * dot as f32;
+                let d = f16_at(blk, 0);
+                acc = (dot as f32).mul_add(d * xds[2 * b], acc);
+                macc = (d * -128.0).mul_add(xds[2 * b + 1], macc);
             }
         }
         other => unreachable!("{other} is not a quantized type"),
     }
-    acc
+    acc + macc
 }
 
 /// `out[ci * nr + ri]` = weight row `ri` (of `nr`, `row_bytes` apart in `w`) · activation row

@@ -8,7 +8,7 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
 }
 
 /// [`silu_mul`] at a chosen instruction set (lowered to what the CPU supports). Every level
-/// computes `g / (1 + exp(-g)) * u` in that order; AVX-512's `exp` is glibc's `expf` (see
+/// computes `g / (1 + exp(-g)) * u` in that order; the vector `exp` is glibc's `expf` (see
 /// `vexp`), so the levels agree bit for bit wherever the two `exp`s do.
 pub fn silu_mul_with(level: SimdLevel, gate: &mut [f32], up: &[f32]) {
     assert!(up.len() >= gate.len(), "silu_mul: up shorter than gate");
@@ -36,6 +36,10 @@ unsafe fn dispatch(level: SimdLevel, g: *const f32, u: *const f32, out: *mut f32
         // SAFETY: the level is clamped to the detected one, so AVX-512 F and VL are present; the
         // pointers are the caller's promise.
         SimdLevel::Avx512 => unsafe { x86::silu_mul(g, u, out, len) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the level is clamped to the detected one, so AVX2 and FMA are present; the
+        // pointers are the caller's promise.
+        SimdLevel::Avx2 => unsafe { x86::silu_mul_avx2(g, u, out, len) },
         _ => {
             for i in 0..len {
                 // SAFETY: `i < len` (caller's promise); each element is read before written.
@@ -52,7 +56,7 @@ unsafe fn dispatch(level: SimdLevel, g: *const f32, u: *const f32, out: *mut f32
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::vexp::exp;
+    use super::super::vexp::{exp, exp_avx2};
 
     /// # Safety
     /// AVX-512 F and VL; as [`super::dispatch`].
@@ -70,6 +74,26 @@ mod x86 {
                 let e = exp(_mm256_sub_ps(_mm256_setzero_ps(), gv));
                 let s = _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv);
                 _mm256_mask_storeu_ps(out.add(i), mask, s);
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX2 and FMA; as [`super::dispatch`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn silu_mul_avx2(g: *const f32, u: *const f32, out: *mut f32, len: usize) {
+        let one = _mm256_set1_ps(1.0);
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        for i in (0..len).step_by(8) {
+            // The last vector masked to the elements left (lanes below the count).
+            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((len - i).min(8) as i32), lane);
+            // SAFETY: as in `silu_mul`.
+            unsafe {
+                let gv = _mm256_maskload_ps(g.add(i), mask);
+                let uv = _mm256_maskload_ps(u.add(i), mask);
+                let e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+                let s = _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv);
+                _mm256_maskstore_ps(out.add(i), mask, s);
             }
         }
     }

@@ -1,7 +1,8 @@
-//! A vector `exp` for the AVX-512 kernels (attention's softmax, the SwiGLU activation).
+//! A vector `exp` for the AVX-512 and AVX2 kernels (attention's softmax, the SwiGLU activation):
+//! one algorithm, glibc's, so both levels give the bits of the portable paths' `f32::exp`.
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::exp;
+pub(super) use x86::{exp, exp_avx2};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -78,17 +79,57 @@ mod x86 {
         let tiny = _mm512_cmp_pd_mask::<_CMP_LT_OQ>(xd, min);
         _mm512_cvtpd_ps(_mm512_mask_mov_pd(y, tiny, _mm512_setzero_pd()))
     }
+
+    /// [`exp`] on AVX2 (four f64 lanes at a time, the table entries gathered): the same
+    /// arithmetic, so the same bits.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn exp_avx2(x: __m256) -> __m256 {
+        let lo = exp4(_mm256_castps256_ps128(x));
+        let hi = exp4(_mm256_extractf128_ps::<1>(x));
+        _mm256_set_m128(hi, lo)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn exp4(x: __m128) -> __m128 {
+        let xd = _mm256_min_pd(_mm256_set1_pd(89.0), _mm256_cvtps_pd(x));
+        let inv_ln2_n = _mm256_set1_pd(f64::from_bits(0x4047_1547_652b_82fe));
+        let shift = _mm256_set1_pd(f64::from_bits(0x4338_0000_0000_0000));
+        let kd = _mm256_fmadd_pd(inv_ln2_n, xd, shift);
+        let ki = _mm256_castpd_si256(kd);
+        let kd = _mm256_sub_pd(kd, shift);
+        let r = _mm256_fmsub_pd(inv_ln2_n, xd, kd);
+        let idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+        // SAFETY: `idx < 32` indexes the 32 entries of the table.
+        let t = unsafe { _mm256_i64gather_epi64::<8>(EXP_TABLE.as_ptr() as *const i64, idx) };
+        let s = _mm256_castsi256_pd(_mm256_add_epi64(t, _mm256_slli_epi64::<47>(ki)));
+        let c = |bits: u64| _mm256_set1_pd(f64::from_bits(bits));
+        let z = _mm256_fmadd_pd(c(0x3ebc_6af8_4b91_2394), r, c(0x3f2e_bfce_50fa_c4f3));
+        let r2 = _mm256_mul_pd(r, r);
+        let y = _mm256_fmadd_pd(c(0x3f96_2e42_ff0c_52d6), r, _mm256_set1_pd(1.0));
+        let y = _mm256_mul_pd(_mm256_fmadd_pd(z, r2, y), s);
+        let min = _mm256_set1_pd(f32::from_bits(0xc2cf_f1b4) as f64);
+        let tiny = _mm256_cmp_pd::<_CMP_LT_OQ>(xd, min);
+        _mm256_cvtpd_ps(_mm256_blendv_pd(y, _mm256_setzero_pd(), tiny))
+    }
 }
 
-/// [`exp`] of eight values (AVX-512 only).
+/// [`exp`] (or [`exp_avx2`] at `level` AVX2) of eight values.
 #[cfg(all(test, target_arch = "x86_64"))]
-pub(super) fn exp8(x: &[f32]) -> [f32; 8] {
-    assert!(x.len() >= 8 && super::simd_level() == super::SimdLevel::Avx512);
+pub(super) fn exp8(level: super::SimdLevel, x: &[f32]) -> [f32; 8] {
+    use super::SimdLevel;
+    assert!(x.len() >= 8 && level != SimdLevel::Scalar && level.clamp() == level);
     let mut out = [0f32; 8];
-    // SAFETY: AVX-512F is present (checked above); 8 floats are read and written.
+    // SAFETY: the level's features are present (checked above); 8 floats are read and written.
     unsafe {
         use std::arch::x86_64::*;
-        _mm256_storeu_ps(out.as_mut_ptr(), exp(_mm256_loadu_ps(x.as_ptr())));
+        let v = _mm256_loadu_ps(x.as_ptr());
+        let e = if level == SimdLevel::Avx512 {
+            exp(v)
+        } else {
+            exp_avx2(v)
+        };
+        _mm256_storeu_ps(out.as_mut_ptr(), e);
     }
     out
 }

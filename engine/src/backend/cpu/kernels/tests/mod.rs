@@ -8,7 +8,7 @@ use super::*;
 mod attend;
 
 /// SplitMix64: small, deterministic, good enough for test data.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
     fn next_u64(&mut self) -> u64 {
@@ -34,7 +34,7 @@ pub(super) fn levels() -> Vec<SimdLevel> {
     ALL_LEVELS.into_iter().filter(|l| l.clamp() == *l).collect()
 }
 
-fn random_matrix(rng: &mut Rng, dtype: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+pub(super) fn random_matrix(rng: &mut Rng, dtype: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let nblocks = rows * cols / dtype.block_size();
     let mut data = Vec::with_capacity(nblocks * dtype.type_size());
     for _ in 0..nblocks {
@@ -57,7 +57,7 @@ fn random_matrix(rng: &mut Rng, dtype: GgmlType, rows: usize, cols: usize) -> Ve
     data
 }
 
-fn random_acts(rng: &mut Rng, n: usize) -> Vec<f32> {
+pub(super) fn random_acts(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect()
 }
 
@@ -107,7 +107,7 @@ fn assert_close(a: &[f32], b: &[f32], tol: f32, what: &str) {
 /// [`run_stored_layout`] for the stored-layout kernel).
 fn run_matmul(level: SimdLevel, threads: usize, w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
     match LaneMatrix::new(w).expect("mapped") {
-        Some(lanes) if level == SimdLevel::Avx512 => {
+        Some(lanes) if lane_kernel(level) => {
             run_stored_layout(level, threads, &w.with_lanes(&lanes), x, m)
         }
         _ => run_stored_layout(level, threads, w, x, m),
@@ -586,6 +586,30 @@ fn outputs_do_not_depend_on_the_batch() {
                     let what = format!("{dtype} {level:?}{layout} tokens {start}..+{len}");
                     assert!(same, "{what} t={threads}");
                 }
+            }
+        }
+    }
+}
+
+/// The lane kernels (AVX-512 and AVX2) and the portable tile share one arithmetic: the same bits
+/// at every level, for every batch size and a partial last group of rows.
+#[test]
+fn lane_kernels_give_the_portable_bits() {
+    let mut rng = Rng(10);
+    for dtype in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        let (rows, cols) = (37, 32 * 18);
+        let data = random_matrix(&mut rng, dtype, rows, cols);
+        let w = QMatrix::new(dtype, rows, cols, &data).expect("valid matrix");
+        for m in [1, 3, 8, 9, 70] {
+            let x = random_acts(&mut rng, m * cols);
+            let scalar = run_matmul(SimdLevel::Scalar, 1, &w, &x, m);
+            for level in levels().into_iter().filter(|&l| lane_kernel(l)) {
+                let got = run_matmul(level, 2, &w, &x, m);
+                let same = got
+                    .iter()
+                    .zip(&scalar)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{dtype} m={m} {level:?}");
             }
         }
     }
