@@ -1,5 +1,6 @@
 //! `sluice-engine bench`: prefill and batched-decode throughput, measured like llama-bench
-//! (pp512: one 512-token prompt; tg128: 128 tokens generated from an empty context).
+//! (pp512: one 512-token prompt; tg128: 128 tokens generated from an empty context). Several
+//! prompt lengths give several prefill rows (`--prompt 512,4096,8192`, as `llama-bench -p`).
 
 use std::time::Instant;
 
@@ -14,7 +15,8 @@ use crate::model::{ForwardState, Llama};
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
-    pub prefill_tokens: usize,
+    /// Prompt lengths, one prefill row each (the first is the report's `prefill_tok_s`).
+    pub prefill_tokens: Vec<usize>,
     pub decode_tokens: usize,
     pub decode_batches: Vec<usize>,
     /// Repetitions of each measurement; the median is reported.
@@ -24,7 +26,7 @@ pub struct BenchConfig {
 impl Default for BenchConfig {
     fn default() -> Self {
         Self {
-            prefill_tokens: 512,
+            prefill_tokens: vec![512],
             decode_tokens: 128,
             decode_batches: vec![1, 4, 8],
             repetitions: 3,
@@ -41,11 +43,24 @@ pub struct DecodeResult {
     pub per_seq_tok_s: f64,
 }
 
+/// One prompt length's prefill.
+#[derive(Clone, Debug, Serialize)]
+pub struct PrefillResult {
+    pub tokens: usize,
+    /// Median tokens per second.
+    pub tok_s: f64,
+    /// Median seconds for the whole prompt.
+    pub seconds: f64,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct BenchReport {
     pub backend: &'static str,
+    /// The first prompt length and its rate.
     pub prefill_tokens: usize,
     pub prefill_tok_s: f64,
+    /// Every prompt length.
+    pub prefill: Vec<PrefillResult>,
     pub decode_tokens: usize,
     pub decode: Vec<DecodeResult>,
 }
@@ -68,25 +83,27 @@ pub fn run<B: Backend>(model: &Llama<B>, cfg: &BenchConfig) -> Result<BenchRepor
     let reps = cfg.repetitions.max(1);
 
     let mut prefill = Vec::new();
-    for _ in 0..reps {
-        let ids = random_tokens(&mut rng, cfg.prefill_tokens, vocab);
-        let mut pool = BlockPool::new(ids.len().div_ceil(crate::kv::BLOCK_SIZE));
-        let mut table = BlockTable::new();
-        table.reserve(&mut pool, ids.len())?;
-        let mut state = model.new_state(pool.n_blocks())?;
-        let seq = SeqRows {
-            start: 0,
-            len: ids.len(),
-            pos: 0,
-            blocks: table.blocks(),
-        };
-        let t = Instant::now();
-        model.forward(&mut state, &ids, &[seq], &[ids.len() - 1])?;
-        prefill.push(ids.len() as f64 / t.elapsed().as_secs_f64());
+    for &n in &cfg.prefill_tokens {
+        let mut secs = Vec::new();
+        for _ in 0..reps {
+            secs.push(prefill_once(model, &mut rng, n, vocab)?);
+        }
+        let seconds = median(secs);
+        prefill.push(PrefillResult {
+            tokens: n,
+            tok_s: n as f64 / seconds,
+            seconds,
+        });
     }
 
     let mut decode = Vec::new();
-    for &batch in &cfg.decode_batches {
+    // `--decode-tokens 0` measures prefill only.
+    let batches = if cfg.decode_tokens == 0 {
+        &[][..]
+    } else {
+        &cfg.decode_batches[..]
+    };
+    for &batch in batches {
         // One KV cache for every repetition, as a server keeps its pool (and llama-bench its
         // context): pages are only first touched by the first run.
         let seqs = DecodeSeqs::new(batch, cfg.decode_tokens)?;
@@ -102,13 +119,38 @@ pub fn run<B: Backend>(model: &Llama<B>, cfg: &BenchConfig) -> Result<BenchRepor
             per_seq_tok_s: tok_s / batch as f64,
         });
     }
+    let first = prefill.first().map_or((0, 0.0), |p| (p.tokens, p.tok_s));
     Ok(BenchReport {
         backend: model.backend().name(),
-        prefill_tokens: cfg.prefill_tokens,
-        prefill_tok_s: median(prefill),
+        prefill_tokens: first.0,
+        prefill_tok_s: first.1,
+        prefill,
         decode_tokens: cfg.decode_tokens,
         decode,
     })
+}
+
+/// Seconds for one forward pass over a fresh `n`-token prompt (logits of its last token only).
+fn prefill_once<B: Backend>(
+    model: &Llama<B>,
+    rng: &mut Rng,
+    n: usize,
+    vocab: usize,
+) -> Result<f64> {
+    let ids = random_tokens(rng, n, vocab);
+    let mut pool = BlockPool::new(ids.len().div_ceil(crate::kv::BLOCK_SIZE));
+    let mut table = BlockTable::new();
+    table.reserve(&mut pool, ids.len())?;
+    let mut state = model.new_state(pool.n_blocks())?;
+    let seq = SeqRows {
+        start: 0,
+        len: ids.len(),
+        pos: 0,
+        blocks: table.blocks(),
+    };
+    let t = Instant::now();
+    model.forward(&mut state, &ids, &[seq], &[ids.len() - 1])?;
+    Ok(t.elapsed().as_secs_f64())
 }
 
 /// `batch` sequences that each decode `steps` tokens, one row per sequence per forward pass.

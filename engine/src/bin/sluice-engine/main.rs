@@ -60,8 +60,9 @@ enum Command {
     Bench {
         #[command(flatten)]
         model: ModelArgs,
-        #[arg(long, default_value_t = 512)]
-        prefill_tokens: usize,
+        /// Prompt lengths, one prefill row each (as llama-bench's `-p`).
+        #[arg(long, alias = "prompt", value_delimiter = ',', default_value = "512")]
+        prefill_tokens: Vec<usize>,
         #[arg(long, default_value_t = 128)]
         decode_tokens: usize,
         #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
@@ -206,12 +207,15 @@ fn run(cli: Cli) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
-                println!(
-                    "threads {}  prefill pp{}: {:.1} tok/s",
-                    model.threads(),
-                    prefill_tokens,
-                    report.prefill_tok_s
-                );
+                for p in &report.prefill {
+                    println!(
+                        "threads {}  prefill pp{}: {:.1} tok/s ({:.2} s)",
+                        model.threads(),
+                        p.tokens,
+                        p.tok_s,
+                        p.seconds
+                    );
+                }
                 for d in &report.decode {
                     println!(
                         "decode tg{} batch {}: {:.1} tok/s ({:.1} per sequence)",
