@@ -9,7 +9,7 @@ use super::{local_health, Driver, LayerSplit, Stage};
 use crate::api::RankHealth;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::kv::BLOCK_SIZE;
+use crate::kv::{KvSpec, BLOCK_SIZE};
 use crate::model::Llama;
 use crate::scheduler::{Input, MicroBatch};
 use crate::transport::message::{Message, NextRank, Setup};
@@ -219,19 +219,30 @@ impl<B: Backend> Driver for RemoteDriver<B> {
         )
     }
 
+    /// Every rank's pool is the one agreed at `connect` (each rank answered Ready only once it
+    /// held it), so its total and bytes come from the agreement, never from a status report that
+    /// may not have arrived yet (which showed 0, or another total, for the first seconds); the
+    /// use and the weights are the rank's own report.
     fn ranks(&self, kv_tokens_used: usize) -> Vec<RankHealth> {
         let mut out = vec![local_health(&self.stage, 0, kv_tokens_used)];
+        let n_blocks = self.stage.kv_tokens() / BLOCK_SIZE;
+        let kv_dim = self.stage.model().config().kv_dim();
         for c in &self.controls {
             let (status, _) = c.link.peer_status();
             let st = status.unwrap_or_default();
+            let spec = KvSpec {
+                n_layers: self.split.range(c.rank).len(),
+                n_blocks,
+                kv_dim,
+            };
             out.push(RankHealth {
                 rank: c.rank,
                 layers: self.split.bounds(c.rank),
                 up: c.up.load(Ordering::SeqCst),
-                kv_tokens_total: st.kv_blocks_total as usize * BLOCK_SIZE,
+                kv_tokens_total: n_blocks * BLOCK_SIZE,
                 kv_tokens_used: st.kv_blocks_used as usize * BLOCK_SIZE,
                 weight_bytes: st.weight_bytes,
-                kv_bytes: st.kv_bytes,
+                kv_bytes: spec.bytes() as u64,
             });
         }
         out

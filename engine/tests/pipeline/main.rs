@@ -160,9 +160,8 @@ fn killing_the_last_rank_fails_in_flight_requests_within_two_seconds() {
     assert_eq!(status, 503, "{v}");
 }
 
-#[test]
-fn a_rank_with_a_different_layer_split_or_secret_is_refused() {
-    let secret = ("SLUICE_CLUSTER_SECRET", "s3cret");
+/// Rank 1 of 2 started by hand (layers 0-14, 15-29) with a pool of `kv_tokens`; its address.
+fn hand_started_rank(secret: (&str, &str), kv_tokens: &str) -> (std::process::Child, String) {
     let mut rank = engine_cmd()
         .args([
             "rank",
@@ -175,7 +174,7 @@ fn a_rank_with_a_different_layer_split_or_secret_is_refused() {
             "--layers",
             "0-14,15-29",
             "--kv-tokens",
-            "1024",
+            kv_tokens,
         ])
         .args(["--model", &model_path().to_string_lossy()])
         .env(secret.0, secret.1)
@@ -191,6 +190,58 @@ fn a_rank_with_a_different_layer_split_or_secret_is_refused() {
         .strip_prefix("LISTENING ")
         .expect("address")
         .to_owned();
+    (rank, addr)
+}
+
+/// Ranks that could hold different pools agree on the smallest: /health and the metrics show
+/// one total for every rank, from the first answer on (a rank's status report may come later).
+#[test]
+fn ranks_agree_on_the_smallest_kv_pool() {
+    let secret = ("SLUICE_CLUSTER_SECRET", "pool");
+    let (mut rank, addr) = hand_started_rank(secret, "1024");
+    let s = try_start(
+        &[
+            "--ranks",
+            "2",
+            "--layers",
+            "0-14,15-29",
+            "--rank-addrs",
+            &addr,
+            "--kv-tokens",
+            "4096",
+        ],
+        &[secret],
+    )
+    .expect("rank 0 connects");
+    let h = health(&s.addr);
+    let totals: Vec<u64> = h["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .map(|r| r["kv_tokens_total"].as_u64().expect("total"))
+        .collect();
+    assert_eq!(totals, vec![1024, 1024], "{h}");
+    let bytes: Vec<u64> = h["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .map(|r| r["kv_bytes"].as_u64().expect("bytes"))
+        .collect();
+    assert_eq!(bytes[0], bytes[1], "15 layers each: {h}");
+    let (_, metrics) = http(&s.addr, "GET", "/metrics", None);
+    for rank in ["0", "1"] {
+        let line = format!("sluice_engine_kv_tokens_total{{rank=\"{rank}\"}} 1024");
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
+    drop(s);
+    let _ = rank.kill();
+    let _ = rank.wait();
+}
+
+#[test]
+fn a_rank_with_a_different_layer_split_or_secret_is_refused() {
+    let secret = ("SLUICE_CLUSTER_SECRET", "s3cret");
+    let (mut rank, addr) = hand_started_rank(secret, "1024");
 
     let err = try_start(
         &[
