@@ -1,7 +1,5 @@
 //! A tiny random Llama written as GGUF, for tests that must not need the real model.
 
-use half::f16;
-
 use super::gguf::writer::GgufWriter;
 use super::gguf::{GgufFile, MetaValue};
 use crate::dtype::GgmlType;
@@ -28,37 +26,7 @@ pub(crate) const TINY: Tiny = Tiny {
     ctx: 256,
 };
 
-/// Quantizes `x` (a whole number of 32-blocks) to ggml's Q4_1 layout.
-pub(crate) fn quantize_q4_1(x: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(x.len() / 32 * 20);
-    for b in x.chunks_exact(32) {
-        let (min, max) = b
-            .iter()
-            .fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-        let d = (max - min) / 15.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-        out.extend_from_slice(&f16::from_f32(min).to_le_bytes());
-        let q = |v: f32| (((v - min) * id + 0.5) as u8).min(15);
-        for j in 0..16 {
-            out.push(q(b[j]) | (q(b[j + 16]) << 4));
-        }
-    }
-    out
-}
-
-/// Quantizes `x` (a whole number of 32-blocks) to ggml's Q8_0 layout.
-pub(crate) fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(x.len() / 32 * 34);
-    for b in x.chunks_exact(32) {
-        let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-        out.extend(b.iter().map(|&v| (v * id).round() as i8 as u8));
-    }
-    out
-}
+pub(crate) use crate::dtype::{quantize_q4_1, quantize_q8_0};
 
 fn f32_bytes(x: &[f32]) -> Vec<u8> {
     x.iter().flat_map(|v| v.to_le_bytes()).collect()

@@ -17,7 +17,13 @@ pub const MODULES: [Module; 4] = [
     Module {
         name: "norm_quant",
         source: include_str!("kernels/norm_quant.cu"),
-        kernels: &["add_rms_norm_quant", "swiglu_quant", "add_f32"],
+        kernels: &[
+            "add_rms_norm_quant",
+            "swiglu_quant",
+            "add_f32",
+            "quantize_q8_1",
+            "silu_mul_f32",
+        ],
     },
     Module {
         name: "matvec",

@@ -33,6 +33,11 @@ pub fn per_row(rows: usize) -> Shape {
     shape((rows, 1, 1), 256)
 }
 
+/// `add_f32`, `silu_mul_f32`: a thread per element, 256 per CTA.
+pub fn elementwise(n: usize) -> Shape {
+    shape((n.div_ceil(256), 1, 1), 256)
+}
+
 /// `matvec_q4_1` / `matvec_q8_0` over `rows` weight rows.
 pub fn matvec(rows: usize) -> Shape {
     shape((rows.div_ceil(MATVEC_WARPS), 1, 1), 32 * MATVEC_WARPS)

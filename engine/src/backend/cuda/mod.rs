@@ -17,6 +17,8 @@
 //! in `docs/architecture.md`.
 
 #[cfg(feature = "cuda")]
+pub mod backend;
+#[cfg(feature = "cuda")]
 pub mod device;
 pub mod kernels;
 pub mod launch;

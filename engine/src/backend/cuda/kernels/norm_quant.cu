@@ -66,3 +66,24 @@ extern "C" __global__ void add_f32(float* x, const float* y, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
+
+// Q8_1 quantization of rows that need no norm first (a product's input after attention): one
+// warp per block of 32, a CTA of 256 threads per row.
+extern "C" __global__ void quantize_q8_1(const float* x, int cols, i8* qs, float* ds) {
+    const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nb = cols / QK;
+    for (int b = warp; b < nb; b += 8) {
+        const size_t c = (size_t)row * cols + b * QK + lane;
+        quantize_lane(x[c], qs + (size_t)row * cols + b * QK, ds + (size_t)row * 2 * nb + 2 * b,
+                      lane);
+    }
+}
+
+// gate[i] = silu(gate[i]) * up[i] (SwiGLU where no product follows at once).
+extern "C" __global__ void silu_mul_f32(float* gate, const float* up, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}

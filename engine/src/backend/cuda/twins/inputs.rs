@@ -18,43 +18,15 @@ impl Rng {
     }
 }
 
-fn f16_bytes(v: f32) -> [u8; 2] {
-    half::f16::from_f32(v).to_le_bytes()
-}
-
-/// Rows of `cols` floats in GGUF's Q4_1 (`d`, `m`, 16 bytes of nibbles: j low, j + 16 high).
+/// Rows in GGUF's Q4_1 (`d`, `m`, 16 bytes of nibbles: j low, j + 16 high), as the tiny test
+/// model writes them.
 pub fn q4_1(x: &[f32]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for b in x.chunks_exact(32) {
-        let (lo, hi) = b
-            .iter()
-            .fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
-        let d = (hi - lo) / 15.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let q: Vec<u8> = b
-            .iter()
-            .map(|&v| (((v - lo) * id).round() as i32).clamp(0, 15) as u8)
-            .collect();
-        out.extend(f16_bytes(d));
-        out.extend(f16_bytes(lo));
-        out.extend((0..16).map(|j| q[j] | (q[j + 16] << 4)));
-    }
-    out
+    crate::dtype::quantize_q4_1(x)
 }
 
 /// Rows in GGUF's Q8_0 (`d`, 32 i8).
 pub fn q8_0(x: &[f32]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for b in x.chunks_exact(32) {
-        let d = b.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        out.extend(f16_bytes(d));
-        out.extend(
-            b.iter()
-                .map(|&v| ((v * id).round() as i32).clamp(-127, 127) as i8 as u8),
-        );
-    }
-    out
+    crate::dtype::quantize_q8_0(x)
 }
 
 /// The largest |a - b| relative to the largest |b|.
