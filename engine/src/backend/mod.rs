@@ -200,14 +200,15 @@ impl Device {
             #[cfg(not(feature = "cuda"))]
             Self::Cuda => Err(Error::BackendNotCompiled("cuda")),
             // The driver, NVRTC and a GPU are probed before cudarc loads anything (its loaders
-            // panic on a missing library). With all three present, the backend's model code is
-            // what is still missing (docs/architecture.md, "The CUDA backend").
+            // panic on a missing library). With all three present, what is still missing is the
+            // commands' path through `cuda::backend::CudaBackend` (docs/architecture.md).
             #[cfg(feature = "cuda")]
             Self::Cuda => {
                 let found = cuda::probe::probe()?;
                 Err(Error::CudaUnavailable(format!(
-                    "found {} GPU(s) (driver CUDA {}.{}), but the CUDA Backend that runs the \
-                     model is not written yet; its kernels are checked by `make cuda-check`",
+                    "found {} GPU(s) (driver CUDA {}.{}), but the commands do not run the model on \
+                     the CUDA backend yet (it has not been verified on a GPU; \
+                     scripts/gpu-check.sh checks its kernels)",
                     found.devices,
                     found.driver_version / 1000,
                     found.driver_version % 1000 / 10
