@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::generate::{FinishReason, SamplingParams};
+use crate::generate::{
+    Constraint, FinishReason, GenerationDefaults, Grammars, SamplingParams, Shaping, TokenLogprob,
+};
 use crate::model::chat::ChatTemplate;
 use crate::model::tokenizer::Tokenizer;
 use crate::trace::TraceContext;
@@ -24,6 +26,12 @@ pub struct GenerationRequest {
     /// Keep generating through end-of-turn tokens (load testing).
     pub ignore_eos: bool,
     pub sampling: SamplingParams,
+    /// Logit bias, penalties and min-p.
+    pub shaping: Shaping,
+    /// `Some(n)`: each token's log-probability and its `n` most likely alternatives'.
+    pub logprobs: Option<usize>,
+    /// The grammar the output must follow (structured outputs, constrained tool calls).
+    pub constraint: Option<Constraint>,
     /// Stop strings (not included in the output).
     pub stop: Vec<String>,
     /// The caller's W3C trace context; the engine's spans join that trace.
@@ -46,7 +54,12 @@ pub struct Timings {
 pub enum GenerationEvent {
     /// One generated token and the text it completes (empty while a multi-byte character or
     /// a possible stop string is held back).
-    Token { id: u32, text: String },
+    Token {
+        id: u32,
+        text: String,
+        /// When the request asked for log-probabilities.
+        logprob: Option<TokenLogprob>,
+    },
     /// The end: the last text still held back (if any), why it ended, and the exact counts.
     Finished {
         text: String,
@@ -125,4 +138,12 @@ pub trait Engine: Send + Sync + 'static {
     ) -> Result<tokio::sync::mpsc::UnboundedReceiver<GenerationEvent>, EngineError>;
     fn health(&self) -> Health;
     fn metrics(&self) -> MetricsSnapshot;
+    /// What a request gets for the sampling fields it leaves out.
+    fn defaults(&self) -> GenerationDefaults {
+        GenerationDefaults::default()
+    }
+    /// The grammar compiler for structured outputs; `None` refuses them.
+    fn grammars(&self) -> Option<&Grammars> {
+        None
+    }
 }

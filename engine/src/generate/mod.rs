@@ -1,5 +1,7 @@
 //! Generating text for one sequence, and scoring a sequence by teacher forcing.
 
+mod defaults;
+mod grammar;
 mod sampling;
 mod score;
 mod stop;
@@ -7,7 +9,11 @@ mod stop;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use sampling::{argmax, log_prob, Rng, Sampler, SamplingParams};
+pub use defaults::GenerationDefaults;
+pub use grammar::{Constraint, GrammarSpec, Grammars};
+pub use sampling::{
+    argmax, log_prob, token_logprob, Rng, Sampler, SamplingParams, Shaping, TokenLogprob,
+};
 pub use score::{score, PositionScore, Scores};
 pub use stop::StopMatcher;
 

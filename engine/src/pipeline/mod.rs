@@ -18,7 +18,6 @@ use crate::api::RankHealth;
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::scheduler::{Input, MicroBatch};
-use crate::transport::message::Sampled;
 
 /// How the engine thread on rank 0 runs micro-batches. A batch's sampled tokens come back to
 /// the engine thread's inbox as [`Input::Sampled`], in submission order.
@@ -69,11 +68,8 @@ impl<B: Backend> Driver for LocalDriver<B> {
     fn submit(&mut self, batch: MicroBatch) -> Result<()> {
         let seqs = &batch.forward.seqs;
         self.stage.run_tokens(seqs, &batch.ids)?;
-        let tokens = self.stage.sample(seqs)?;
-        let _ = self.inbox.send(Input::Sampled(Sampled {
-            batch: batch.forward.batch,
-            tokens,
-        }));
+        let sampled = self.stage.sample(batch.forward.batch, seqs)?;
+        let _ = self.inbox.send(Input::Sampled(sampled));
         Ok(())
     }
 

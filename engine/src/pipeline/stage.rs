@@ -4,10 +4,10 @@ use std::collections::HashMap;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::generate::{Sampler, SamplingParams};
+use crate::generate::{token_logprob, Sampler, SamplingParams};
 use crate::kv::SeqRows;
 use crate::model::{ForwardState, Llama};
-use crate::transport::message::{SampleSpec, SeqChunk};
+use crate::transport::message::{SampleSpec, Sampled, SeqChunk, TokenMask};
 
 /// A model part with its KV store, ready to run micro-batches in order.
 pub struct Stage<B: Backend> {
@@ -141,7 +141,12 @@ impl<B: Backend> Stage<B> {
     }
 
     /// The last rank: samples the last row of each sequence that asks for it.
-    pub fn sample(&mut self, seqs: &[SeqChunk]) -> Result<Vec<(u64, u32)>> {
+    pub fn sample(&mut self, batch: u64, seqs: &[SeqChunk]) -> Result<Sampled> {
+        let mut out = Sampled {
+            batch,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+        };
         let mut emit = Vec::new();
         let mut row = 0;
         for s in seqs {
@@ -151,28 +156,27 @@ impl<B: Backend> Stage<B> {
             }
         }
         if emit.is_empty() {
-            return Ok(Vec::new());
+            return Ok(out);
         }
         let logits = self.model.logits(&self.hidden, &emit)?;
         let vocab = self.model.config().vocab_size;
-        let mut out = Vec::with_capacity(emit.len());
-        for (s, l) in seqs
+        for ((seq, spec), raw) in seqs
             .iter()
             .filter_map(|s| s.sample.as_ref().map(|p| (s.seq, p)))
             .zip(logits.chunks_exact(vocab))
         {
-            let (seq, spec) = s;
-            let mut l = l.to_vec();
-            for &id in &spec.suppress {
-                if let Some(v) = l.get_mut(id as usize) {
-                    *v = f32::NEG_INFINITY;
-                }
+            let mut l = raw.to_vec();
+            mask(&mut l, spec);
+            let sampler = self.samplers.entry(seq).or_insert_with(|| {
+                let mut s = Sampler::with_shaping(params(spec), spec.shaping.clone());
+                s.set_prompt(&spec.prompt);
+                s
+            });
+            let id = sampler.sample(&l);
+            out.tokens.push((seq, id));
+            if let Some(n) = spec.logprobs {
+                out.logprobs.push((seq, token_logprob(raw, id, n as usize)));
             }
-            let sampler = self
-                .samplers
-                .entry(seq)
-                .or_insert_with(|| Sampler::new(params(spec)));
-            out.push((seq, sampler.sample(&l)));
         }
         Ok(out)
     }
@@ -181,6 +185,42 @@ impl<B: Backend> Stage<B> {
     pub fn release(&mut self, seqs: &[u64]) {
         for s in seqs {
             self.samplers.remove(s);
+        }
+    }
+}
+
+/// Masks out the suppressed tokens and those the step's grammar mask does not allow.
+fn mask(logits: &mut [f32], spec: &SampleSpec) {
+    for &id in &spec.suppress {
+        if let Some(v) = logits.get_mut(id as usize) {
+            *v = f32::NEG_INFINITY;
+        }
+    }
+    match &spec.allow {
+        None => {}
+        Some(TokenMask::Only(ids)) => {
+            let kept: Vec<(usize, f32)> = ids
+                .iter()
+                .filter_map(|&i| logits.get(i as usize).map(|&l| (i as usize, l)))
+                .collect();
+            logits.fill(f32::NEG_INFINITY);
+            for (i, l) in kept {
+                logits[i] = l;
+            }
+        }
+        Some(TokenMask::Except { ids, .. }) => {
+            for &i in ids {
+                if let Some(v) = logits.get_mut(i as usize) {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+        }
+        Some(TokenMask::Bits(words)) => {
+            for (i, l) in logits.iter_mut().enumerate() {
+                if words.get(i / 64).is_none_or(|w| w >> (i % 64) & 1 == 0) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
         }
     }
 }

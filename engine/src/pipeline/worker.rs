@@ -12,7 +12,7 @@ use crate::kv::sizing::{blocks_for, KvBudget};
 use crate::model::gguf::GgufFile;
 use crate::model::{file_sha256, Llama, LlamaConfig};
 use crate::pipeline::{LayerSplit, Stage};
-use crate::transport::message::{Message, RankStatus, Sampled, Welcome};
+use crate::transport::message::{Message, RankStatus, Welcome};
 use crate::transport::{
     dial, f32_to_le_bytes, le_bytes_to_f32, DataTransport, DialOptions, Expected, HelloFields,
     LinkConfig, LinkRole, RankListener, TcpTransport, Transport,
@@ -239,14 +239,8 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
                         n.send(&Message::Forward(f), &hidden)?;
                     }
                     None => {
-                        let tokens = stage.sample(&f.seqs)?;
-                        control.send(
-                            &Message::Sampled(Sampled {
-                                batch: f.batch,
-                                tokens,
-                            }),
-                            &[],
-                        )?;
+                        let sampled = stage.sample(f.batch, &f.seqs)?;
+                        control.send(&Message::Sampled(sampled), &[])?;
                     }
                 }
             }

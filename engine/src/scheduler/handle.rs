@@ -12,7 +12,7 @@ use super::{Scheduler, Sequence};
 use crate::api::{
     Engine, EngineError, GenerationEvent, GenerationRequest, Health, MetricsSnapshot, RankHealth,
 };
-use crate::generate::Rng;
+use crate::generate::{GenerationDefaults, Grammars, Rng};
 use crate::model::chat::ChatTemplate;
 use crate::model::tokenizer::Tokenizer;
 use crate::pipeline::Driver;
@@ -37,6 +37,9 @@ pub struct EngineConfig {
     pub model_id: String,
     /// Prompt plus max_tokens may not exceed this (`--context-window`).
     pub context_window: usize,
+    /// What a request gets for the sampling fields it leaves out (GGUF metadata, else
+    /// llama-server's; `serve --temperature` and friends override).
+    pub defaults: GenerationDefaults,
 }
 
 /// What the engine thread publishes for `/health` and `/metrics`.
@@ -53,6 +56,8 @@ pub struct EngineHandle {
     cfg: EngineConfig,
     tokenizer: Arc<Tokenizer>,
     template: ChatTemplate,
+    /// `None` when llguidance could not take the tokenizer (structured outputs are refused).
+    grammars: Option<Grammars>,
     kv_tokens: usize,
     tx: Sender<Input>,
     next_id: AtomicU64,
@@ -79,7 +84,15 @@ impl EngineHandle {
     ) -> std::io::Result<Arc<Self>> {
         let (tx, rx) = inbox;
         let published = Arc::new(Mutex::new(Published::default()));
+        let tokenizer = scheduler.tokenizer().clone();
+        let eos = tokenizer
+            .token_id("<|im_end|>")
+            .unwrap_or_else(|| tokenizer.eos_id());
+        let grammars = Grammars::new(tokenizer.clone(), eos)
+            .map_err(|e| tracing::warn!("structured outputs are off: {e}"))
+            .ok();
         let handle = Arc::new(Self {
+            grammars,
             tokenizer: scheduler.tokenizer().clone(),
             kv_tokens: scheduler.kv_tokens(),
             cfg,
@@ -188,6 +201,14 @@ impl Engine for EngineHandle {
             status,
             ranks: p.ranks.clone(),
         }
+    }
+
+    fn defaults(&self) -> GenerationDefaults {
+        self.cfg.defaults
+    }
+
+    fn grammars(&self) -> Option<&Grammars> {
+        self.grammars.as_ref()
     }
 
     fn metrics(&self) -> MetricsSnapshot {

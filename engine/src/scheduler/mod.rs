@@ -17,7 +17,7 @@ pub use handle::{EngineConfig, EngineHandle, Input};
 pub use sequence::{Progress, Sequence};
 
 use crate::api::{EngineError, MetricsSnapshot};
-use crate::generate::FinishReason;
+use crate::generate::{FinishReason, TokenLogprob};
 use crate::kv::{BlockPool, BLOCK_SIZE};
 use crate::model::tokenizer::Tokenizer;
 use crate::transport::message::{Forward, SampleSpec, Sampled, SeqChunk};
@@ -227,12 +227,13 @@ impl Scheduler {
                 let s = &mut self.running[i];
                 let sample = end == s.tokens.len();
                 ids.extend_from_slice(&s.tokens[s.num_scheduled..end]);
+                let spec = sample.then(|| sample_spec(s, &self.stop_ids));
                 seqs.push(SeqChunk {
                     seq: s.id,
                     len: chunk as u32,
                     pos: s.num_scheduled as u32,
                     blocks: s.table.blocks().to_vec(),
-                    sample: sample.then(|| sample_spec(s, &self.stop_ids)),
+                    sample: spec,
                 });
                 s.num_scheduled = end;
                 s.awaiting_sample = sample;
@@ -280,13 +281,14 @@ impl Scheduler {
                 s.in_flight = s.in_flight.saturating_sub(1);
             }
         }
+        let mut logprobs: HashMap<u64, TokenLogprob> = sampled.logprobs.into_iter().collect();
         for (id, token) in sampled.tokens {
             let Some(i) = self.running.iter().position(|s| s.id == id) else {
                 continue;
             };
             let is_stop = self.stop_ids.contains(&token);
             self.counters.generation_tokens += 1;
-            let progress = self.running[i].push_token(token, is_stop);
+            let progress = self.running[i].push_token(token, is_stop, logprobs.remove(&id));
             match progress {
                 Progress::Continue => {}
                 Progress::Finished(reason) => self.finish(i, reason, false),
@@ -333,18 +335,28 @@ impl Scheduler {
 }
 
 /// How the last rank samples `s`'s next token.
-fn sample_spec(s: &Sequence, stop_ids: &[u32]) -> SampleSpec {
+fn sample_spec(s: &mut Sequence, stop_ids: &[u32]) -> SampleSpec {
+    let allow = s.allowed();
     let p = &s.req.sampling;
     let suppress = if s.req.ignore_eos || s.n_generated() < s.req.min_tokens {
         stop_ids.to_vec()
     } else {
         Vec::new()
     };
+    let shaping = &s.req.shaping;
     SampleSpec {
         temperature: p.temperature,
         top_k: p.top_k as u32,
         top_p: p.top_p,
         seed: s.seed,
         suppress,
+        shaping: shaping.clone(),
+        logprobs: s.req.logprobs.map(|n| n as u32),
+        prompt: if shaping.repetitive() && s.n_generated() == 0 {
+            s.tokens[..s.n_prompt].to_vec()
+        } else {
+            Vec::new()
+        },
+        allow,
     }
 }

@@ -6,11 +6,12 @@ use std::time::{Instant, SystemTime};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::{GenerationEvent, GenerationRequest, Timings};
-use crate::generate::{FinishReason, StopMatcher};
+use crate::generate::{FinishReason, StopMatcher, TokenLogprob};
 use crate::kv::BlockTable;
 use crate::model::detok::StreamDecoder;
 use crate::model::tokenizer::Tokenizer;
 use crate::trace::AttrValue;
+use crate::transport::message::TokenMask;
 
 /// A request and its progress. Its tokens are the prompt followed by what was generated;
 /// `num_scheduled` of them have been sent into the pipeline (their KV is computed or being
@@ -93,15 +94,34 @@ impl Sequence {
         !self.awaiting_sample && self.remaining() > 0
     }
 
+    /// The tokens the sequence's grammar allows next, if it has one.
+    pub fn allowed(&mut self) -> Option<TokenMask> {
+        let c = self.req.constraint.as_mut()?;
+        match c.mask() {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!(seq = self.id, "no grammar mask: {e}");
+                None
+            }
+        }
+    }
+
     pub fn client_gone(&self) -> bool {
         self.tx.is_closed()
     }
 
     /// Takes a sampled token: emits its text, and says whether the sequence is done.
-    pub fn push_token(&mut self, id: u32, is_stop: bool) -> Progress {
+    pub fn push_token(
+        &mut self,
+        id: u32,
+        is_stop: bool,
+        logprob: Option<TokenLogprob>,
+    ) -> Progress {
         self.awaiting_sample = false;
         self.first_token_at.get_or_insert_with(Instant::now);
         self.tokens.push(id);
+        // The end-of-turn token is not reported, with or without its log-probability (OpenAI's
+        // content logprobs cover the content only).
         if is_stop && !self.req.ignore_eos {
             return Progress::Finished(FinishReason::Stop);
         }
@@ -110,8 +130,19 @@ impl Sequence {
         if let Some(piece) = self.decoder.push(id) {
             (text, hit) = self.stops.push(&piece);
         }
-        if self.tx.send(GenerationEvent::Token { id, text }).is_err() {
+        let event = GenerationEvent::Token { id, text, logprob };
+        if self.tx.send(event).is_err() {
             return Progress::Aborted;
+        }
+        if let Some(c) = &mut self.req.constraint {
+            if let Err(e) = c.consume(id) {
+                tracing::warn!(seq = self.id, "the grammar refused a sampled token: {e}");
+                return Progress::Finished(FinishReason::Stop);
+            }
+            if c.is_stopped() {
+                // The grammar is complete: nothing but the end could follow.
+                return Progress::Finished(FinishReason::Stop);
+            }
         }
         if hit {
             Progress::StopString

@@ -39,6 +39,7 @@ fn engine(max_running: usize, max_batch_tokens: usize, kv_blocks: usize) -> Arc<
     let ecfg = EngineConfig {
         model_id: "tiny".into(),
         context_window: TINY.ctx,
+        defaults: Default::default(),
     };
     EngineHandle::start(
         ecfg,
@@ -59,6 +60,9 @@ fn request(salt: u32, len: usize, max_tokens: usize) -> GenerationRequest {
         min_tokens: 0,
         ignore_eos: false,
         sampling: SamplingParams::default(),
+        shaping: Default::default(),
+        logprobs: None,
+        constraint: None,
         stop: Vec::new(),
         trace: None,
     }

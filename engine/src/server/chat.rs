@@ -7,8 +7,12 @@ use super::types::{
     AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChunkChoice, Delta, ResponseMeta,
     ToolCall, ToolCallDelta,
 };
-use super::{chat_request, parse, prompt, tools, Call, State};
+use super::{chat_request, constrain, parse, prompt, tools, Call, State};
+use std::sync::Arc;
+
+use super::logprobs::{self, Scored};
 use crate::generate::FinishReason;
+use crate::model::tokenizer::Tokenizer;
 use http::Response;
 
 pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, ApiError> {
@@ -16,19 +20,37 @@ pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, 
     let engine = &state.engine;
     let use_tools = tools::enabled(&req);
     let ids = prompt::chat_ids(&req, engine.tokenizer().as_ref(), engine.chat_template())?;
-    let sub = Submitted::start(state, &call, ids, &req.sampling, "messages", "chatcmpl-")?;
+    let grammar = constrain::chat(&req)?;
+    let sub = Submitted::start(
+        state,
+        &call,
+        ids,
+        &req.sampling,
+        grammar,
+        "messages",
+        "chatcmpl-",
+    )?;
+    let scorer = req.sampling.logprobs.map(|_| engine.tokenizer().clone());
     if req.sampling.stream {
         return Ok(sub.stream(|meta| ChatStream {
             meta,
             splitter: use_tools.then(tools::StreamSplitter::default),
             include_usage: req.sampling.include_usage,
+            scorer,
+            pending: Vec::new(),
+            parallel: req.parallel_tool_calls,
         }));
     }
     let (meta, done) = sub.collect().await?;
     let reason = done.reason;
     let parsed = use_tools.then(|| tools::parse_output(&done.text));
     let (content, tool_calls) = match parsed {
-        Some(p) if !p.calls.is_empty() => (p.content, p.calls),
+        Some(mut p) if !p.calls.is_empty() => {
+            if !req.parallel_tool_calls {
+                p.calls.truncate(1);
+            }
+            (p.content, p.calls)
+        }
         // Without tool calls the text is the content, as is.
         _ => (Some(done.text), Vec::new()),
     };
@@ -45,7 +67,7 @@ pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, 
                 content,
                 tool_calls,
             },
-            logprobs: None,
+            logprobs: scorer.map(|t| logprobs::chat(&t, &done.logprobs)),
         }],
         usage: done.usage,
     };
@@ -66,20 +88,32 @@ struct ChatStream {
     /// Present when the request offers tools.
     splitter: Option<tools::StreamSplitter>,
     include_usage: bool,
+    /// Present when the request asked for log-probabilities.
+    scorer: Option<Arc<Tokenizer>>,
+    /// Log-probabilities not yet sent (their text is held back).
+    pending: Vec<Scored>,
+    /// `parallel_tool_calls`: false keeps the first call only.
+    parallel: bool,
 }
 
 impl ChatStream {
-    fn chunk(&self, delta: Delta, finish_reason: Option<&'static str>) -> String {
+    fn chunk(&mut self, delta: Delta, finish_reason: Option<&'static str>) -> String {
+        let scored = std::mem::take(&mut self.pending);
+        let logprobs = self
+            .scorer
+            .as_ref()
+            .filter(|_| !scored.is_empty())
+            .map(|t| logprobs::chat(t, &scored));
         let choice = ChunkChoice {
             index: 0,
             delta,
-            logprobs: None,
+            logprobs,
             finish_reason,
         };
         to_json(&ChatChunk::new(&self.meta, Some(choice), None))
     }
 
-    fn content(&self, text: String) -> String {
+    fn content(&mut self, text: String) -> String {
         self.chunk(
             Delta {
                 content: Some(text),
@@ -100,7 +134,8 @@ impl ChunkFormatter for ChatStream {
         out.push(self.chunk(delta, None));
     }
 
-    fn text(&mut self, text: &str, out: &mut Vec<String>) {
+    fn text(&mut self, text: &str, logprobs: Vec<Scored>, out: &mut Vec<String>) {
+        self.pending.extend(logprobs);
         let text = match &mut self.splitter {
             Some(s) => s.push(text),
             None => text.to_owned(),
@@ -111,10 +146,14 @@ impl ChunkFormatter for ChatStream {
     }
 
     fn finish(&mut self, done: Finish, out: &mut Vec<String>) {
-        let (rest, calls) = match self.splitter.take() {
+        self.pending.extend(done.logprobs.iter().cloned());
+        let (rest, mut calls) = match self.splitter.take() {
             Some(s) => s.finish(&done.text),
             None => (done.text.clone(), Vec::new()),
         };
+        if !self.parallel {
+            calls.truncate(1);
+        }
         if !rest.is_empty() {
             out.push(self.content(rest));
         }

@@ -4,25 +4,19 @@
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::parse::{root, sampling, Obj};
+use super::fields;
+use super::parse::{logprob_count, root, sampling, Obj};
 use super::types::{ChatRequest, HistoryToolCall, Message, Role, ToolChoice, ToolDef};
 
 pub(crate) fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
     let o = root(body)?;
-    match o.get("logprobs") {
-        None | Some(Value::Bool(false)) => {}
-        Some(Value::Bool(true)) => {
-            return Err(ApiError::unsupported(
-                "logprobs",
-                "logprobs: not supported by this server (only false)",
-            ))
-        }
-        Some(_) => return Err(ApiError::expected("logprobs", "a boolean")),
-    }
-    if o.usize("top_logprobs")?.is_some_and(|n| n > 0) {
-        return Err(ApiError::unsupported(
+    fields::check(&o, fields::CHAT)?;
+    let logprobs = o.bool("logprobs")?.unwrap_or(false);
+    let top = logprob_count(&o, "top_logprobs")?;
+    if top.is_some() && !logprobs {
+        return Err(ApiError::invalid(
             "top_logprobs",
-            "top_logprobs: not supported by this server",
+            "top_logprobs: requires logprobs: true",
         ));
     }
     let items = o.array("messages", "an array of messages")?;
@@ -46,11 +40,14 @@ pub(crate) fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
             .collect::<Result<_, _>>()?,
         None => Vec::new(),
     };
+    let mut sampling = sampling(&o)?;
+    sampling.logprobs = logprobs.then_some(top.unwrap_or(0));
     Ok(ChatRequest {
         tool_choice: tool_choice(&o, &tools)?,
+        parallel_tool_calls: o.bool("parallel_tool_calls")?.unwrap_or(true),
         messages,
         tools,
-        sampling: sampling(&o)?,
+        sampling,
     })
 }
 
@@ -168,13 +165,17 @@ fn tool(v: &Value, i: usize) -> Result<ToolDef, ApiError> {
     if let Some(d) = f.str("description")? {
         function.push_str(&format!(",\"description\":{}", Value::from(d)));
     }
-    if let Some(p) = f.object("parameters", "a JSON schema object")? {
-        function.push_str(&format!(",\"parameters\":{}", Value::Object(p.map.clone())));
+    let parameters = f
+        .object("parameters", "a JSON schema object")?
+        .map(|p| Value::Object(p.map.clone()));
+    if let Some(p) = &parameters {
+        function.push_str(&format!(",\"parameters\":{p}"));
     }
     function.push('}');
     Ok(ToolDef {
         name: name.to_owned(),
         schema: format!("{{\"type\":\"function\",\"function\":{function}}}"),
+        parameters,
     })
 }
 

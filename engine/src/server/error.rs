@@ -37,7 +37,7 @@ impl ApiError {
         }
     }
 
-    fn with_code(mut self, code: &str) -> Self {
+    pub(crate) fn with_code(mut self, code: &str) -> Self {
         self.code = Some(code.to_owned());
         self
     }

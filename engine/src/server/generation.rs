@@ -12,11 +12,12 @@ use bytes::Bytes;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::error::ApiError;
+use super::logprobs::Scored;
 use super::metrics::HttpMetrics;
 use super::types::{ResponseMeta, Sampling, Usage};
 use super::{Call, State};
-use crate::api::{GenerationEvent, GenerationRequest};
-use crate::generate::FinishReason;
+use crate::api::{Engine, GenerationEvent, GenerationRequest};
+use crate::generate::{Constraint, FinishReason, GenerationDefaults, GrammarSpec};
 use crate::trace::TraceContext;
 
 /// The default `max_tokens` is what is left of the context window, at most this.
@@ -57,17 +58,33 @@ impl Submitted {
         call: &Call,
         ids: Vec<u32>,
         sampling: &Sampling,
+        grammar: Option<GrammarSpec>,
         prompt_param: &str,
         id_prefix: &str,
     ) -> Result<Self, ApiError> {
         let engine = &state.engine;
-        let gen = build_request(
+        let mut gen = build_request(
             engine.context_window(),
+            &engine.defaults(),
             ids,
             sampling,
             call.trace,
             prompt_param,
         )?;
+        let vocab = engine.tokenizer().vocab_size();
+        if let Some(&(id, _)) = sampling
+            .logit_bias
+            .iter()
+            .find(|(id, _)| *id as usize >= vocab)
+        {
+            return Err(ApiError::invalid(
+                format!("logit_bias.{id}"),
+                format!(
+                    "logit_bias.{id}: token id {id} is outside the vocabulary ({vocab} tokens)"
+                ),
+            ));
+        }
+        gen.constraint = grammar.map(|g| compile(engine.as_ref(), &g)).transpose()?;
         let rx = engine.submit(gen)?;
         Ok(Self {
             rx,
@@ -101,6 +118,7 @@ impl Submitted {
 /// The engine request for `prompt`; `prompt_param` names the field in errors.
 fn build_request(
     context_window: usize,
+    defaults: &GenerationDefaults,
     prompt: Vec<u32>,
     s: &Sampling,
     trace: Option<TraceContext>,
@@ -135,14 +153,36 @@ fn build_request(
             ),
         ));
     }
+    let (sampling, shaping) = s.resolve(defaults);
     Ok(GenerationRequest {
         prompt,
         max_tokens,
         min_tokens: s.min_tokens,
         ignore_eos: s.ignore_eos,
-        sampling: s.params.clone(),
+        sampling,
+        shaping,
+        logprobs: s.logprobs,
+        constraint: None,
         stop: s.stop.clone(),
         trace,
+    })
+}
+
+/// The request's grammar, compiled; 400 with llguidance's reason when it cannot be.
+fn compile(engine: &dyn Engine, g: &GrammarSpec) -> Result<Constraint, ApiError> {
+    let param = match g {
+        GrammarSpec::JsonSchema(_) => "response_format",
+        GrammarSpec::Regex(_) | GrammarSpec::Lark(_) => "structured_outputs",
+    };
+    let Some(grammars) = engine.grammars() else {
+        return Err(ApiError::unsupported(
+            param,
+            format!("{param}: this engine has no grammar support"),
+        ));
+    };
+    grammars.compile(g).map_err(|e| {
+        ApiError::invalid(param, format!("{param}: the grammar does not compile: {e}"))
+            .with_code("invalid_grammar")
     })
 }
 
@@ -183,6 +223,8 @@ pub(crate) struct Finish {
     pub text: String,
     pub reason: FinishReason,
     pub usage: Usage,
+    /// The tokens' log-probabilities (collected: all; streamed: those not yet sent).
+    pub logprobs: Vec<Scored>,
 }
 
 fn ended_early() -> ApiError {
@@ -195,11 +237,17 @@ async fn collect(
     mut tracker: Tracker,
 ) -> Result<Finish, ApiError> {
     let mut text = String::new();
+    let mut logprobs = Vec::new();
     while let Some(event) = rx.recv().await {
         match event {
-            GenerationEvent::Token { text: piece, .. } => {
+            GenerationEvent::Token {
+                id,
+                text: piece,
+                logprob,
+            } => {
                 tracker.token();
                 text.push_str(&piece);
+                logprobs.extend(logprob.map(|l| (id, l)));
             }
             GenerationEvent::Finished {
                 text: rest,
@@ -214,6 +262,7 @@ async fn collect(
                     text,
                     reason,
                     usage: Usage::new(prompt_tokens, completion_tokens),
+                    logprobs,
                 });
             }
             GenerationEvent::Failed(e) => return Err(e.into()),
@@ -226,8 +275,9 @@ async fn collect(
 pub(crate) trait ChunkFormatter: Send + Sync + 'static {
     /// The chunks sent before any token (chat: the role).
     fn start(&mut self, out: &mut Vec<String>);
-    /// A piece of generated text (never empty).
-    fn text(&mut self, text: &str, out: &mut Vec<String>);
+    /// A piece of generated text (never empty) and the log-probabilities of the tokens that
+    /// made it (when asked for).
+    fn text(&mut self, text: &str, logprobs: Vec<Scored>, out: &mut Vec<String>);
     /// The last chunks: remaining text, `finish_reason`, then usage when asked for.
     fn finish(&mut self, finish: Finish, out: &mut Vec<String>);
 }
@@ -241,6 +291,8 @@ pub(crate) struct SseStream {
     tracker: Tracker,
     chunks: Vec<String>,
     buf: String,
+    /// Log-probabilities of tokens whose text is still held back.
+    logprobs: Vec<Scored>,
 }
 
 impl std::fmt::Debug for SseStream {
@@ -266,6 +318,7 @@ impl SseStream {
             tracker,
             chunks,
             buf: String::new(),
+            logprobs: Vec::new(),
         };
         s.flush_chunks();
         s
@@ -301,10 +354,12 @@ impl SseStream {
                 return Poll::Ready(None);
             };
             match std::task::ready!(rx.poll_recv(cx)) {
-                Some(GenerationEvent::Token { text, .. }) => {
+                Some(GenerationEvent::Token { id, text, logprob }) => {
                     self.tracker.token();
+                    self.logprobs.extend(logprob.map(|l| (id, l)));
                     if !text.is_empty() {
-                        self.fmt.text(&text, &mut self.chunks);
+                        let lp = std::mem::take(&mut self.logprobs);
+                        self.fmt.text(&text, lp, &mut self.chunks);
                     }
                 }
                 Some(GenerationEvent::Finished {
@@ -319,6 +374,7 @@ impl SseStream {
                         text,
                         reason,
                         usage: Usage::new(prompt_tokens, completion_tokens),
+                        logprobs: std::mem::take(&mut self.logprobs),
                     };
                     self.fmt.finish(finish, &mut self.chunks);
                     self.end(None);

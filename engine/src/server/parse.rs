@@ -1,13 +1,13 @@
 //! Reading OpenAI requests from JSON, naming the offending field in every error
 //! (`messages[1].content: expected a string or an array of text parts`). Unknown fields are
-//! ignored; `null` is the same as absent. The fields both endpoints share and the completions
+//! refused ([`super::fields`]); `null` is the same as absent. The fields both endpoints share and the completions
 //! request are here; the chat request is in [`super::chat_request`].
 
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::fields;
 use super::types::{CompletionRequest, Prompt, Sampling};
-use crate::generate::SamplingParams;
 
 /// OpenAI's limit on stop sequences.
 const MAX_STOP: usize = 4;
@@ -142,16 +142,17 @@ pub(super) fn sampling(o: &Obj) -> Result<Sampling, ApiError> {
             format!("min_tokens: {min_tokens} is more than max_tokens"),
         ));
     }
-    let temperature = o.f64("temperature")?;
-    in_range(o, "temperature", temperature, 0.0, 2.0, true)?;
-    let top_p = o.f64("top_p")?;
-    in_range(o, "top_p", top_p, 0.0, 1.0, false)?;
+    let ranged = |key: &str, lo: f64, hi: f64, incl_lo: bool| -> Result<Option<f32>, ApiError> {
+        let v = o.f64(key)?;
+        in_range(o, key, v, lo, hi, incl_lo)?;
+        Ok(v.map(|x| x as f32))
+    };
     // vLLM's convention: -1 (or 0) disables top-k.
     let top_k = match o.get("top_k") {
-        None => 0,
+        None => None,
         Some(v) => match v.as_i64() {
-            Some(-1) => 0,
-            Some(k) if k >= 0 => usize::try_from(k).unwrap_or(usize::MAX),
+            Some(-1) => Some(0),
+            Some(k) if k >= 0 => Some(usize::try_from(k).unwrap_or(usize::MAX)),
             _ => return Err(ApiError::expected("top_k", "a non-negative integer or -1")),
         },
     };
@@ -167,16 +168,60 @@ pub(super) fn sampling(o: &Obj) -> Result<Sampling, ApiError> {
         max_tokens,
         min_tokens,
         ignore_eos: o.bool("ignore_eos")?.unwrap_or(false),
-        params: SamplingParams {
-            temperature: temperature.unwrap_or(1.0) as f32,
-            top_k,
-            top_p: top_p.unwrap_or(1.0) as f32,
-            seed,
-        },
+        temperature: ranged("temperature", 0.0, 2.0, true)?,
+        top_k,
+        top_p: ranged("top_p", 0.0, 1.0, false)?,
+        min_p: ranged("min_p", 0.0, 1.0, true)?,
+        repetition_penalty: ranged("repetition_penalty", 0.0, 2.0, false)?,
+        frequency_penalty: ranged("frequency_penalty", -2.0, 2.0, true)?.unwrap_or(0.0),
+        presence_penalty: ranged("presence_penalty", -2.0, 2.0, true)?.unwrap_or(0.0),
+        logit_bias: logit_bias(o)?,
+        logprobs: None,
+        seed,
+        format: super::format::parse(o)?,
         stop: stop(o)?,
         stream,
         include_usage,
     })
+}
+
+/// OpenAI's `logit_bias`: token ids (as strings) to a bias in [-100, 100].
+fn logit_bias(o: &Obj) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(map) = o.object("logit_bias", "an object of token ids to biases")? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(map.map.len());
+    for (k, v) in map.map {
+        let path = map.path(k);
+        let id = k.parse::<u32>().map_err(|_| {
+            ApiError::invalid(
+                &path,
+                format!("{path}: the key must be a token id, got {k:?}"),
+            )
+        })?;
+        let bias = v
+            .as_f64()
+            .ok_or_else(|| ApiError::expected(&path, "a number"))?;
+        in_range(&map, k, Some(bias), -100.0, 100.0, true)?;
+        out.push((id, bias as f32));
+    }
+    Ok(out)
+}
+
+/// The `top_logprobs` limit (OpenAI's for chat; vLLM's for completions' `logprobs`).
+pub(super) const MAX_LOGPROBS: usize = 20;
+
+/// A count of alternatives, at most [`MAX_LOGPROBS`].
+pub(super) fn logprob_count(o: &Obj, key: &str) -> Result<Option<usize>, ApiError> {
+    let n = o.usize(key)?;
+    if let Some(n) = n.filter(|&n| n > MAX_LOGPROBS) {
+        let path = o.path(key);
+        return Err(ApiError::invalid(
+            &path,
+            format!("{path}: at most {MAX_LOGPROBS}, got {n}"),
+        ));
+    }
+    Ok(n)
 }
 
 fn stop(o: &Obj) -> Result<Vec<String>, ApiError> {
@@ -223,31 +268,15 @@ pub(super) fn root(body: &Value) -> Result<Obj<'_>, ApiError> {
 
 pub(crate) fn completion_request(body: &Value) -> Result<CompletionRequest, ApiError> {
     let o = root(body)?;
-    match o.get("logprobs") {
-        None | Some(Value::Bool(false)) => {}
-        Some(_) => {
-            return Err(ApiError::unsupported(
-                "logprobs",
-                "logprobs: not supported by this server (only null)",
-            ))
-        }
-    }
-    if o.bool("echo")? == Some(true) {
-        return Err(ApiError::unsupported(
-            "echo",
-            "echo: not supported by this server (only false)",
-        ));
-    }
-    if o.usize("best_of")?.is_some_and(|n| n != 1) {
-        return Err(ApiError::unsupported(
-            "best_of",
-            "best_of: only 1 is supported",
-        ));
-    }
+    fields::check(&o, fields::COMPLETIONS)?;
+    // An integer here (the number of alternatives), not chat's boolean.
+    let logprobs = logprob_count(&o, "logprobs")?;
     let prompt = o.required("prompt", o.get("prompt"))?;
+    let mut sampling = sampling(&o)?;
+    sampling.logprobs = logprobs;
     Ok(CompletionRequest {
         prompt: prompt_value(prompt)?,
-        sampling: sampling(&o)?,
+        sampling,
     })
 }
 

@@ -9,8 +9,8 @@ use super::generation::new_id;
 use super::types::{ChatRequest, FunctionCall, Message, Role, ToolCall, ToolChoice};
 use crate::model::chat::ChatMessage;
 
-const CALL_OPEN: &str = "<tool_call>";
-const CALL_CLOSE: &str = "</tool_call>";
+pub(crate) const CALL_OPEN: &str = "<tool_call>";
+pub(crate) const CALL_CLOSE: &str = "</tool_call>";
 
 /// Whether the model is offered the request's tools (`tool_choice: "none"` disables them).
 pub(crate) fn enabled(req: &ChatRequest) -> bool {

@@ -3,8 +3,10 @@
 //! Requests are read from a `serde_json::Value` by [`super::parse`], which names the offending
 //! field in every error; responses are plain `Serialize` structs.
 
-use crate::generate::SamplingParams;
+use crate::generate::{GenerationDefaults, SamplingParams, Shaping};
 use serde::Serialize;
+
+use super::logprobs::{ChatLogprobs, CompletionLogprobs};
 
 // ---------------------------------------------------------------------------------------------
 // Requests
@@ -16,7 +18,20 @@ pub(crate) struct Sampling {
     pub max_tokens: Option<usize>,
     pub min_tokens: usize,
     pub ignore_eos: bool,
-    pub params: SamplingParams,
+    /// `None`: the engine's default ([`crate::generate::GenerationDefaults`]).
+    pub temperature: Option<f32>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub logit_bias: Vec<(u32, f32)>,
+    /// `Some(n)`: log-probabilities with `n` alternatives per token.
+    pub logprobs: Option<usize>,
+    pub seed: Option<u64>,
+    /// `response_format` (or vLLM's `guided_json` / `structured_outputs`).
+    pub format: Option<Format>,
     pub stop: Vec<String>,
     pub stream: bool,
     /// `stream_options.include_usage`.
@@ -60,6 +75,41 @@ pub(crate) struct Message {
     pub tool_call_id: Option<String>,
 }
 
+/// What the output must be (structured outputs).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Format {
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid against this schema.
+    JsonSchema(serde_json::Value),
+    /// Text matching this regular expression (vLLM's `structured_outputs.regex`).
+    Regex(String),
+    /// One of these strings (vLLM's `structured_outputs.choice`).
+    Choice(Vec<String>),
+    /// A Lark grammar, as llguidance reads it (vLLM's `structured_outputs.grammar`).
+    Lark(String),
+}
+
+impl Sampling {
+    /// The request's sampling with `d` for what it leaves out.
+    pub fn resolve(&self, d: &GenerationDefaults) -> (SamplingParams, Shaping) {
+        let params = SamplingParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self.top_k.unwrap_or(d.top_k),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            seed: self.seed,
+        };
+        let shaping = Shaping {
+            min_p: self.min_p.unwrap_or(d.min_p),
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+            logit_bias: self.logit_bias.clone(),
+        };
+        (params, shaping)
+    }
+}
+
 /// `tool_choice`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum ToolChoice {
@@ -71,10 +121,12 @@ pub(crate) enum ToolChoice {
 
 /// A function tool: its name and the tool object as the prompt shows it, JSON text
 /// (`{"type":"function","function":{"name":...,"description":...,"parameters":...}}`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct ToolDef {
     pub name: String,
     pub schema: String,
+    /// The function's `parameters` (JSON schema), if given.
+    pub parameters: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -82,6 +134,8 @@ pub(crate) struct ChatRequest {
     pub messages: Vec<Message>,
     pub tools: Vec<ToolDef>,
     pub tool_choice: ToolChoice,
+    /// At most one call when false.
+    pub parallel_tool_calls: bool,
     pub sampling: Sampling,
 }
 
@@ -157,15 +211,15 @@ pub(crate) struct AssistantMessage {
     pub tool_calls: Vec<ToolCall>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub(crate) struct ChatChoice {
     pub index: usize,
     pub message: AssistantMessage,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: &'static str,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub(crate) struct ChatCompletion {
     pub id: String,
     pub object: &'static str,
@@ -185,15 +239,15 @@ pub(crate) struct Delta {
     pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub(crate) struct ChunkChoice {
     pub index: usize,
     pub delta: Delta,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub(crate) struct ChatChunk {
     pub id: String,
     pub object: &'static str,
@@ -218,16 +272,16 @@ impl ChatChunk {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub(crate) struct CompletionChoice {
     pub index: usize,
     pub text: String,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
 }
 
 /// A `text_completion`: the whole response, or one streamed chunk (`usage` only on the last).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub(crate) struct Completion {
     pub id: String,
     pub object: &'static str,

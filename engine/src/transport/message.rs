@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::rdma::QpInfo;
+use crate::generate::{Shaping, TokenLogprob};
 
 /// Bumped whenever a message changes meaning; the handshake refuses a mismatch. (2: the hello
 /// names the transport, and RDMA links exchange `Rdma` messages.)
@@ -85,8 +86,9 @@ pub struct NextRank {
     pub layers: [u32; 2],
 }
 
-/// How the last rank picks one sequence's next token. Stateless but for the RNG, which the
-/// last rank keeps per sequence (seeded from `seed`) until the sequence is released.
+/// How the last rank picks one sequence's next token. Stateless but for what the last rank
+/// keeps per sequence until it is released: the RNG (seeded from `seed`) and, for the
+/// penalties, the tokens it sampled and the prompt it was given with the first sample.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SampleSpec {
     pub temperature: f32,
@@ -96,6 +98,29 @@ pub struct SampleSpec {
     /// Token ids whose logits are masked out for this step (end-of-turn tokens before
     /// `min_tokens`, or always with `ignore_eos`).
     pub suppress: Vec<u32>,
+    /// Bias, penalties and min-p.
+    #[serde(default)]
+    pub shaping: Shaping,
+    /// Report the chosen token's log-probability and this many alternatives'.
+    #[serde(default)]
+    pub logprobs: Option<u32>,
+    /// The prompt, for the repetition penalty: sent with a sequence's first sample only.
+    #[serde(default)]
+    pub prompt: Vec<u32>,
+    /// The tokens a grammar allows at this step (structured outputs); `None` allows all.
+    #[serde(default)]
+    pub allow: Option<TokenMask>,
+}
+
+/// A set of token ids, in whichever form is shortest on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TokenMask {
+    /// Only these ids.
+    Only(Vec<u32>),
+    /// Every id but these (below `vocab`).
+    Except { vocab: u32, ids: Vec<u32> },
+    /// Bit `i % 64` of word `i / 64` set when id `i` is allowed.
+    Bits(Vec<u64>),
 }
 
 /// One sequence's rows in a micro-batch.
@@ -126,10 +151,13 @@ pub struct Forward {
 }
 
 /// The last rank's answer for a micro-batch: one token per sequence that asked for a sample.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Sampled {
     pub batch: u64,
     pub tokens: Vec<(u64, u32)>,
+    /// The log-probabilities of the sequences that asked for them.
+    #[serde(default)]
+    pub logprobs: Vec<(u64, TokenLogprob)>,
 }
 
 /// A rank's state, sent with each heartbeat.

@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use sluice_engine::backend::cpu::CpuBackend;
 use sluice_engine::backend::Device;
+use sluice_engine::generate::GenerationDefaults;
 use sluice_engine::kv::sizing::{blocks_for, KvBudget};
 use sluice_engine::model::chat::ChatTemplate;
 use sluice_engine::model::gguf::GgufFile;
@@ -189,6 +190,8 @@ pub struct ServeArgs {
     /// The model id the API reports (default: the model file's name).
     #[arg(long)]
     model_id: Option<String>,
+    #[command(flatten)]
+    defaults: DefaultsArgs,
     /// Exit when the process that started this one goes away (for supervisors and tests).
     #[arg(long)]
     exit_with_parent: bool,
@@ -196,6 +199,39 @@ pub struct ServeArgs {
     /// (without it a dead rank leaves the engine degraded: `/health` 503, requests refused).
     #[arg(long)]
     exit_when_a_rank_exits: bool,
+}
+
+/// Generation defaults for requests that leave a field out (docs/api.md): the GGUF's
+/// `general.sampling.*` where present, else llama-server's; these flags override either.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct DefaultsArgs {
+    /// Default `temperature` (llama-server's: 0.8).
+    #[arg(long = "default-temperature")]
+    temperature: Option<f32>,
+    /// Default `top_k`, 0 for none (llama-server's: 40).
+    #[arg(long = "default-top-k")]
+    top_k: Option<usize>,
+    /// Default `top_p` (llama-server's: 0.95).
+    #[arg(long = "default-top-p")]
+    top_p: Option<f32>,
+    /// Default `min_p` (llama-server's: 0.05).
+    #[arg(long = "default-min-p")]
+    min_p: Option<f32>,
+    /// Default `repetition_penalty` (1: none).
+    #[arg(long = "default-repetition-penalty")]
+    repetition_penalty: Option<f32>,
+}
+
+impl DefaultsArgs {
+    fn apply(self, gguf: &GgufFile) -> GenerationDefaults {
+        let mut d = GenerationDefaults::from_gguf(gguf);
+        d.temperature = self.temperature.unwrap_or(d.temperature);
+        d.top_k = self.top_k.unwrap_or(d.top_k);
+        d.top_p = self.top_p.unwrap_or(d.top_p);
+        d.min_p = self.min_p.unwrap_or(d.min_p);
+        d.repetition_penalty = self.repetition_penalty.unwrap_or(d.repetition_penalty);
+        d
+    }
 }
 
 #[derive(Args, Debug)]
@@ -376,6 +412,7 @@ pub fn serve(mut args: ServeArgs) -> Result<()> {
     let engine_cfg = EngineConfig {
         model_id,
         context_window: args.context_window,
+        defaults: args.defaults.apply(&gguf),
     };
     let handle = EngineHandle::start(
         engine_cfg,

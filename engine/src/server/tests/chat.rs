@@ -11,7 +11,7 @@ async fn chat_completion_with_usage() {
         .post(
             "/v1/chat/completions",
             &json!({"model": "anything", "messages": [{"role": "user", "content": "hi"}],
-                    "some_future_field": {"x": 1}}),
+                    "user": "u-1", "metadata": {"x": "1"}}),
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.body);
@@ -37,15 +37,17 @@ async fn chat_completion_with_usage() {
         .ends_with("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"));
     // The template's special tokens were parsed (id 1 is `<|im_start|>`).
     assert_eq!(req.prompt[0], 1);
-    // Defaults: the rest of the context window (capped at 4096), OpenAI's temperature and top_p.
+    // Defaults: the rest of the context window (capped at 4096), the engine's sampling defaults
+    // (llama-server's here: temperature 0.8, top-p 0.95, top-k 40, min-p 0.05).
     assert_eq!(req.max_tokens, CONTEXT - n);
     assert_eq!(
         (
             req.sampling.temperature,
             req.sampling.top_p,
-            req.sampling.top_k
+            req.sampling.top_k,
+            req.shaping.min_p
         ),
-        (1.0, 1.0, 0)
+        (0.8, 0.95, 40, 0.05)
     );
     assert_eq!(
         (req.min_tokens, req.ignore_eos, req.trace),
@@ -133,10 +135,12 @@ async fn streaming_without_usage_and_with_held_back_text() {
         GenerationEvent::Token {
             id: 5,
             text: "a".into(),
+            logprob: None,
         },
         GenerationEvent::Token {
             id: 6,
             text: String::new(),
+            logprob: None,
         },
         GenerationEvent::Finished {
             text: "b".into(),
@@ -214,6 +218,7 @@ async fn failure_mid_stream_is_an_error_event_then_done() {
         GenerationEvent::Token {
             id: 5,
             text: "Hel".into(),
+            logprob: None,
         },
         GenerationEvent::Failed(EngineError::Unavailable("rank 1 went down".into())),
     ];

@@ -73,9 +73,9 @@ async fn prompt_errors() {
         (json!({"prompt": ""}), "prompt", "prompt: must not be empty"),
         (json!({"prompt": "hi", "echo": true}), "echo", "echo"),
         (
-            json!({"prompt": "hi", "logprobs": 2}),
+            json!({"prompt": "hi", "logprobs": 21}),
             "logprobs",
-            "logprobs",
+            "logprobs: at most 20, got 21",
         ),
         (json!({"prompt": "hi", "n": 3}), "n", "n = 1"),
     ] {

@@ -3,6 +3,7 @@
 mod chat;
 mod completions;
 mod errors;
+mod fields;
 mod lifecycle;
 mod tools;
 
@@ -25,7 +26,7 @@ use crate::api::{
     Engine, EngineError, GenerationEvent, GenerationRequest, Health, MetricsSnapshot, RankHealth,
     Timings,
 };
-use crate::generate::FinishReason;
+use crate::generate::{FinishReason, Grammars};
 use crate::model::chat::ChatTemplate;
 use crate::model::tokenizer::test_support::{toy_tokenizer, SMOLLM_TEMPLATE};
 use crate::model::tokenizer::Tokenizer;
@@ -55,12 +56,14 @@ pub(super) struct FakeEngine {
     pub requests: Mutex<Vec<GenerationRequest>>,
     held_tx: mpsc::UnboundedSender<Sender>,
     pub healthy: AtomicBool,
+    grammars: Grammars,
 }
 
 fn token(i: usize, text: &str) -> GenerationEvent {
     GenerationEvent::Token {
         id: u32::try_from(i).unwrap(),
         text: text.to_owned(),
+        logprob: None,
     }
 }
 
@@ -86,6 +89,9 @@ impl Engine for FakeEngine {
     }
     fn context_window(&self) -> usize {
         CONTEXT
+    }
+    fn grammars(&self) -> Option<&Grammars> {
+        Some(&self.grammars)
     }
     fn submit(
         &self,
@@ -163,8 +169,11 @@ pub(super) struct TestServer {
 impl TestServer {
     pub async fn start(scripts: Vec<Script>) -> Self {
         let (held_tx, held_rx) = mpsc::unbounded_channel();
+        let tokenizer = Arc::new(toy_tokenizer());
+        let eos = tokenizer.token_id("<|im_end|>").unwrap();
         let engine = Arc::new(FakeEngine {
-            tokenizer: Arc::new(toy_tokenizer()),
+            grammars: Grammars::new(tokenizer.clone(), eos).unwrap(),
+            tokenizer,
             template: ChatTemplate::new(SMOLLM_TEMPLATE, "<|im_start|>", "<|im_end|>").unwrap(),
             scripts: Mutex::new(scripts.into()),
             requests: Mutex::new(Vec::new()),

@@ -1,0 +1,221 @@
+//! Every top-level field of OpenAI's chat and completions requests (and the vLLM / llama.cpp
+//! extensions this server takes), and what the server does with each: nothing is silently
+//! ignored. A field is implemented (read by [`super::parse`] and [`super::chat_request`]),
+//! accepted and ignored where ignoring it changes nothing the client gets back, or refused
+//! with 400 `unsupported_parameter` unless its value is the one that asks for nothing. A field
+//! not listed is refused the same way. docs/api.md lists the same table.
+
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::parse::Obj;
+
+/// What the server does with one field.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Handling {
+    /// Read and acted on (values are checked where the field is read).
+    Implemented,
+    /// Accepted and ignored; the text says why ignoring it changes nothing for the client.
+    Ignored(&'static str),
+    /// Refused with 400 `unsupported_parameter` unless `harmless` holds for its value (null is
+    /// always harmless: it is the same as absent).
+    Refused {
+        harmless: fn(&Value) -> bool,
+        why: &'static str,
+    },
+}
+
+use Handling::{Ignored, Implemented, Refused};
+
+const IDENTIFIER: Handling =
+    Ignored("an identifier for the provider's abuse monitoring or caching; it changes no output");
+
+fn never(_: &Value) -> bool {
+    false
+}
+
+fn is_false(v: &Value) -> bool {
+    v == &Value::Bool(false)
+}
+
+const fn refused(why: &'static str) -> Handling {
+    Refused {
+        harmless: never,
+        why,
+    }
+}
+
+/// The fields both endpoints share.
+const COMMON: &[(&str, Handling)] = &[
+    ("model", Implemented),
+    ("frequency_penalty", Implemented),
+    ("presence_penalty", Implemented),
+    ("logit_bias", Implemented),
+    ("logprobs", Implemented),
+    ("max_tokens", Implemented),
+    ("n", Implemented),
+    ("seed", Implemented),
+    ("stop", Implemented),
+    ("stream", Implemented),
+    ("stream_options", Implemented),
+    ("temperature", Implemented),
+    ("top_p", Implemented),
+    ("user", IDENTIFIER),
+    ("response_format", Implemented),
+    // Extensions (vLLM, llama.cpp).
+    ("top_k", Implemented),
+    ("min_p", Implemented),
+    ("repetition_penalty", Implemented),
+    ("ignore_eos", Implemented),
+    ("min_tokens", Implemented),
+    ("guided_json", Implemented),
+    ("structured_outputs", Implemented),
+];
+
+/// `POST /v1/chat/completions`, besides [`COMMON`].
+pub(crate) const CHAT: &[(&str, Handling)] = &[
+    ("messages", Implemented),
+    ("max_completion_tokens", Implemented),
+    ("top_logprobs", Implemented),
+    ("tools", Implemented),
+    ("tool_choice", Implemented),
+    ("parallel_tool_calls", Implemented),
+    (
+        "metadata",
+        Ignored("stored only with `store`, which this server does not offer"),
+    ),
+    ("safety_identifier", IDENTIFIER),
+    ("prompt_cache_key", IDENTIFIER),
+    (
+        "prediction",
+        Ignored("predicted outputs only speed up a response; the output is the same without"),
+    ),
+    (
+        "store",
+        Refused {
+            harmless: is_false,
+            why: "completions are not stored by this server (only false)",
+        },
+    ),
+    (
+        "service_tier",
+        Refused {
+            harmless: |v| matches!(v.as_str(), Some("auto" | "default")),
+            why: "this server has one tier (only \"auto\" or \"default\")",
+        },
+    ),
+    (
+        "modalities",
+        Refused {
+            harmless: |v| v.as_array().is_some_and(|a| a.iter().all(|m| m == "text")),
+            why: "this model outputs text only (only [\"text\"])",
+        },
+    ),
+    ("audio", refused("this model has no audio output")),
+    (
+        "reasoning_effort",
+        refused("this model is not a reasoning model"),
+    ),
+    ("verbosity", refused("this server has no verbosity control")),
+    (
+        "web_search_options",
+        refused("this server has no web search"),
+    ),
+    ("functions", refused("deprecated by OpenAI; use `tools`")),
+    (
+        "function_call",
+        refused("deprecated by OpenAI; use `tool_choice`"),
+    ),
+];
+
+/// `POST /v1/completions`, besides [`COMMON`].
+pub(crate) const COMPLETIONS: &[(&str, Handling)] = &[
+    ("prompt", Implemented),
+    (
+        "echo",
+        Refused {
+            harmless: is_false,
+            why: "the prompt is not echoed (only false)",
+        },
+    ),
+    (
+        "best_of",
+        Refused {
+            harmless: |v| v.as_u64() == Some(1),
+            why: "only 1 is supported",
+        },
+    ),
+    (
+        "suffix",
+        Refused {
+            harmless: |v| v.as_str() == Some(""),
+            why: "this model does not fill in the middle",
+        },
+    ),
+];
+
+/// The fields of `stream_options`.
+const STREAM_OPTIONS: &[(&str, Handling)] = &[
+    ("include_usage", Implemented),
+    (
+        "include_obfuscation",
+        Ignored("obfuscation only pads chunks against side channels; the content is the same"),
+    ),
+];
+
+/// How `endpoint_fields` (and [`COMMON`]) handle `key`, `None` when unknown.
+pub(crate) fn handling(endpoint_fields: &[(&str, Handling)], key: &str) -> Option<Handling> {
+    COMMON
+        .iter()
+        .chain(endpoint_fields)
+        .find(|(k, _)| *k == key)
+        .map(|&(_, h)| h)
+}
+
+/// Every field name of an endpoint, [`COMMON`] included.
+#[cfg(test)]
+pub(crate) fn names(endpoint_fields: &[(&'static str, Handling)]) -> Vec<&'static str> {
+    COMMON
+        .iter()
+        .chain(endpoint_fields)
+        .map(|&(k, _)| k)
+        .collect()
+}
+
+fn check_map(o: &Obj, fields: &[(&str, Handling)], common: bool) -> Result<(), ApiError> {
+    for (key, value) in o.map {
+        let found = if common {
+            handling(fields, key)
+        } else {
+            fields.iter().find(|(k, _)| k == key).map(|&(_, h)| h)
+        };
+        let path = o.path(key);
+        match found {
+            None => {
+                return Err(ApiError::unsupported(
+                    &path,
+                    format!("{path}: unrecognized request argument"),
+                ))
+            }
+            Some(Refused { harmless, why }) if !value.is_null() && !harmless(value) => {
+                return Err(ApiError::unsupported(
+                    &path,
+                    format!("{path}: not supported: {why}"),
+                ))
+            }
+            Some(Ignored(why)) => tracing::debug!(field = %path, "accepted and ignored: {why}"),
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a request that has a field this server does not take, or a refused field with a
+/// value that asks for something (see [`Handling`]).
+pub(crate) fn check(o: &Obj, endpoint_fields: &[(&str, Handling)]) -> Result<(), ApiError> {
+    check_map(o, endpoint_fields, true)?;
+    if let Some(so) = o.object("stream_options", "an object")? {
+        check_map(&so, STREAM_OPTIONS, false)?;
+    }
+    Ok(())
+}
