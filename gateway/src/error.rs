@@ -59,6 +59,8 @@ pub enum GatewayError {
     },
     #[error("the server is at capacity ({} queue full); retry after {retry_after:?}", class.as_str())]
     Overloaded { class: Class, retry_after: Duration },
+    #[error("every engine replica is busy (it answered 503); retry after {retry_after:?}")]
+    UpstreamBusy { retry_after: Duration },
     #[error("waited {waited:?} in the queue without getting a slot (admission.queue_wait_max)")]
     QueueTimeout { waited: Duration },
     #[error("the engine is not available: {0}")]
@@ -148,6 +150,12 @@ impl GatewayError {
                 "overloaded",
                 Debug,
             ),
+            UpstreamBusy { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded_error",
+                "overloaded",
+                Info,
+            ),
             QueueTimeout { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "overloaded_error",
@@ -216,7 +224,8 @@ impl GatewayError {
         match self {
             Self::RateLimited { retry_after, .. }
             | Self::TokenBudget { retry_after, .. }
-            | Self::Overloaded { retry_after, .. } => Some(*retry_after),
+            | Self::Overloaded { retry_after, .. }
+            | Self::UpstreamBusy { retry_after } => Some(*retry_after),
             Self::QueueTimeout { .. } | Self::EngineUnavailable(_) => Some(Duration::from_secs(1)),
             _ => None,
         }

@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName};
-use http::{HeaderValue, Method, Request, Response};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::capture_connection;
 use tower::Service;
@@ -95,18 +95,33 @@ impl Service<Request<Json>> for Forward {
             // Only a request that reached no engine is sent again: a refused connection (on
             // another replica), or a pooled connection the upstream had closed (once; see
             // `connection`). Once a request may have started generating, it is never sent twice.
+            // An engine that answers 503 (vLLM's "engine is currently busy", SGLang's and
+            // llama-server's full queues) has not started the request either: it goes to
+            // another replica with room, once each, and when none is left the client gets the
+            // gateway's own 503 `overloaded` with a Retry-After, never the engine's text.
             let mut tried = Vec::new();
             let mut refused = None;
+            let mut busy = None;
             let mut resent = false;
             let (lease, resp) = loop {
                 let lease = match upstream.lease(&tried) {
                     Ok(l) => l,
-                    Err(e) => return Err(refused.unwrap_or(e)),
+                    Err(e) => return Err(busy.or(refused).unwrap_or(e)),
                 };
                 let mut req = outgoing.to(&lease.target)?;
                 let conn = capture_connection(&mut req);
                 let started = Instant::now();
                 match tokio::time::timeout(idle, client.request(req)).await {
+                    Ok(Ok(resp)) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                        lease.answered(resp.status());
+                        let retry_after = retry_after(resp.headers());
+                        tracing::info!(upstream = %lease.target.base, ?retry_after, "the engine is busy (503); trying another replica");
+                        busy = Some(GatewayError::UpstreamBusy { retry_after });
+                        match lease.replica() {
+                            Some(i) => tried.push(i),
+                            None => return Err(GatewayError::UpstreamBusy { retry_after }),
+                        }
+                    }
                     Ok(Ok(resp)) => {
                         lease.answered(resp.status());
                         break (lease, resp);
@@ -253,4 +268,16 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, also_drop: &[&str]) {
         }
         to.append(name.clone(), value.clone());
     }
+}
+
+/// An upstream's `Retry-After` in whole seconds (the HTTP-date form is not worth a parser here:
+/// engines send seconds), between 1 s and a minute; 1 s without one.
+fn retry_after(headers: &HeaderMap) -> Duration {
+    headers
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(1), |s| {
+            Duration::from_secs(s.clamp(1, 60))
+        })
 }

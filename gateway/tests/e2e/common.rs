@@ -261,6 +261,10 @@ pub struct ScriptedUpstream {
     pub health: Arc<AtomicU16>,
     /// What `GET /metrics` answers (`None`: 404, as from a server without metrics).
     pub metrics: Arc<Mutex<Option<String>>>,
+    /// Set: every POST is answered 503 with vLLM's "engine is busy" body and `Retry-After: 3`,
+    /// and counted in `busy_answers` (as `--max-num-queued-reqs` makes vLLM do).
+    pub busy: Arc<std::sync::atomic::AtomicBool>,
+    pub busy_answers: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl ScriptedUpstream {
@@ -270,19 +274,28 @@ impl ScriptedUpstream {
         let (tx, arrivals) = mpsc::unbounded_channel();
         let health = Arc::new(AtomicU16::new(200));
         let metrics: Arc<Mutex<Option<String>>> = Arc::default();
+        let busy: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+        let busy_answers: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
         let (h, m) = (health.clone(), metrics.clone());
+        let (bz, bn) = (busy.clone(), busy_answers.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
                 let (tx, h, m) = (tx.clone(), h.clone(), m.clone());
+                let (bz, bn) = (bz.clone(), bn.clone());
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                         let (tx, h, m) = (tx.clone(), h.clone(), m.clone());
+                        let (bz, bn) = (bz.clone(), bn.clone());
                         async move {
                             if req.method() == http::Method::GET {
                                 return Ok(probe_answer(req.uri().path(), &h, &m));
+                            }
+                            if bz.load(Ordering::SeqCst) {
+                                bn.fetch_add(1, Ordering::SeqCst);
+                                return Ok(busy_answer());
                             }
                             let (parts, b) = req.into_parts();
                             let bytes = b.collect().await.expect("body").to_bytes();
@@ -313,6 +326,8 @@ impl ScriptedUpstream {
             arrivals,
             health,
             metrics,
+            busy,
+            busy_answers,
         }
     }
 
@@ -379,6 +394,20 @@ fn probe_answer(
     });
     let mut resp = Response::new(body);
     *resp.status_mut() = StatusCode::from_u16(status).expect("status");
+    resp
+}
+
+/// vLLM's answer with `--max-num-queued-reqs` reached.
+fn busy_answer() -> Response<http_body_util::channel::Channel<Bytes, Infallible>> {
+    let (mut tx, body) = http_body_util::channel::Channel::new(1);
+    tokio::spawn(async move {
+        let text = r#"{"error":{"message":"The engine is currently busy, internal queue full","type":"ServiceUnavailableError","code":503}}"#;
+        let _ = tx.send_data(Bytes::from_static(text.as_bytes())).await;
+    });
+    let mut resp = Response::new(body);
+    *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    resp.headers_mut()
+        .insert("retry-after", http::HeaderValue::from_static("3"));
     resp
 }
 

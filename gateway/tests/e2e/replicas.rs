@@ -197,6 +197,65 @@ async fn a_request_that_reached_an_engine_is_never_retried() {
     gw.shutdown().await;
 }
 
+/// An engine's own 503 ("engine is busy") goes to the other replica, once; with both busy the
+/// client gets the gateway's 503 `overloaded` with the engine's Retry-After, never the engine's
+/// text, and each request costs one attempt per replica at most. A busy engine is not ejected.
+#[tokio::test]
+async fn an_engines_503_moves_to_another_replica_else_the_gateways_overloaded() {
+    let (a, mut b) = (
+        ScriptedUpstream::start().await,
+        ScriptedUpstream::start().await,
+    );
+    a.busy.store(true, Ordering::SeqCst);
+    let gw = Gateway::start_replicas(replicas_policy(vec![a.url(), b.url()], 4)).await;
+    assert!(gauge_becomes(&gw, "sluice_upstream_replica_up", &b.url(), 1.0).await);
+    let c = gw.client();
+    let body = chat();
+    for _ in 0..4 {
+        let send = c.post("/v1/chat/completions", &body);
+        let serve = async {
+            let arrival = b
+                .next(Duration::from_secs(5))
+                .await
+                .expect("on the free replica");
+            let mut tx = arrival.tx;
+            let _ = tx
+                .send_data(bytes::Bytes::from_static(b"data: [DONE]\n\n"))
+                .await;
+        };
+        let ((status, _, _), ()) = tokio::join!(send, serve);
+        assert_eq!(status, StatusCode::OK);
+    }
+    b.busy.store(true, Ordering::SeqCst);
+    let before = a.busy_answers.load(Ordering::SeqCst) + b.busy_answers.load(Ordering::SeqCst);
+    for _ in 0..3 {
+        let (status, headers, v) = c.post("/v1/chat/completions", &chat()).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+        assert_eq!(v["error"]["code"], "overloaded", "{v}");
+        assert_eq!(
+            headers.get("retry-after").map(|h| h.to_str().unwrap_or("")),
+            Some("3")
+        );
+        let text = v.to_string();
+        assert!(
+            !text.contains("engine is currently busy"),
+            "the engine's text came through: {text}"
+        );
+    }
+    let attempts =
+        a.busy_answers.load(Ordering::SeqCst) + b.busy_answers.load(Ordering::SeqCst) - before;
+    assert_eq!(attempts, 6, "one attempt per replica per request");
+    // Busy is not broken: both stay in rotation.
+    for url in [a.url(), b.url()] {
+        assert_eq!(
+            replica_gauge(&gw, "sluice_upstream_replica_up", &url).await,
+            Some(1.0)
+        );
+    }
+    gw.assert_accounted().await;
+    gw.shutdown().await;
+}
+
 #[tokio::test]
 async fn failing_health_checks_eject_and_passing_ones_readmit() {
     let mut a = ScriptedUpstream::start().await;
