@@ -54,7 +54,7 @@ PY
 fi
 start=("$py" -m vllm.entrypoints.openai.api_server --model "$dir/model"
   --served-model-name SmolLM2-135M-Instruct --dtype float32 --enforce-eager
-  --max-model-len 4096 --host 127.0.0.1)
+  --max-model-len 4096 --gpu-memory-utilization 0.1 --host 127.0.0.1)
 if [ "${1:-}" = start ]; then
   exec "${start[@]}" --port "${2:-8010}" "${@:3}"
 fi
