@@ -147,6 +147,37 @@ impl CudaBackend {
         (qs, ds)
     }
 
+    /// RMS norm of `rows` rows of `x` into `xn`, and its Q8_1 quantization into the scratch
+    /// buffers: their pointers (one `add_rms_norm_quant` launch serves both).
+    fn norm_quant(
+        &self,
+        sc: &mut Scratch,
+        x: &CudaSlice<f32>,
+        norm: &CudaWeight,
+        eps: f32,
+        rows: usize,
+        xn: &CudaSlice<f32>,
+    ) -> (u64, u64) {
+        let cols = Self::cols(norm);
+        let qs = self.grow(&mut sc.qs, rows * cols);
+        let ds = self.grow(&mut sc.ds, rows * cols / 16);
+        self.launch(
+            "add_rms_norm_quant",
+            launch::per_row(rows),
+            &[
+                Arg::P(self.ptr(x)),
+                Arg::P(0),
+                Arg::P(self.vector(norm)),
+                Arg::F(eps),
+                Arg::I(cols as i32),
+                Arg::P(qs),
+                Arg::P(ds),
+                Arg::P(self.ptr(xn)),
+            ],
+        );
+        (qs, ds)
+    }
+
     /// `out = q8_1(x) · wᵀ (+ out when add)` for `rows` activation rows, 8 at a time.
     fn product(&self, w: &CudaWeight, qs: u64, ds: u64, rows: usize, out: u64, add: bool) {
         let CudaWeight::Matrix {
@@ -317,24 +348,8 @@ impl Backend for CudaBackend {
         rows: usize,
         out: &mut CudaSlice<f32>,
     ) {
-        let cols = Self::cols(weight);
         let mut sc = self.lock();
-        let qs = self.grow(&mut sc.qs, rows * cols);
-        let ds = self.grow(&mut sc.ds, rows * cols / 16);
-        self.launch(
-            "add_rms_norm_quant",
-            launch::per_row(rows),
-            &[
-                Arg::P(self.ptr(x)),
-                Arg::P(0),
-                Arg::P(self.vector(weight)),
-                Arg::F(eps),
-                Arg::I(cols as i32),
-                Arg::P(qs),
-                Arg::P(ds),
-                Arg::P(self.ptr(out)),
-            ],
-        );
+        self.norm_quant(&mut sc, x, weight, eps, rows, out);
     }
 
     fn matmul(
@@ -361,24 +376,8 @@ impl Backend for CudaBackend {
         ws: &[&CudaWeight],
         outs: &mut [&mut CudaSlice<f32>],
     ) {
-        let cols = Self::cols(norm);
         let mut sc = self.lock();
-        let qs = self.grow(&mut sc.qs, rows * cols);
-        let ds = self.grow(&mut sc.ds, rows * cols / 16);
-        self.launch(
-            "add_rms_norm_quant",
-            launch::per_row(rows),
-            &[
-                Arg::P(self.ptr(x)),
-                Arg::P(0),
-                Arg::P(self.vector(norm)),
-                Arg::F(eps),
-                Arg::I(cols as i32),
-                Arg::P(qs),
-                Arg::P(ds),
-                Arg::P(self.ptr(xn)),
-            ],
-        );
+        let (qs, ds) = self.norm_quant(&mut sc, x, norm, eps, rows, xn);
         for (w, out) in ws.iter().zip(outs.iter()) {
             self.product(w, qs, ds, rows, self.ptr(out), false);
         }
