@@ -4,6 +4,10 @@
 //!
 //! [`Grammars`] is built once per engine from its tokenizer (the token trie llguidance walks);
 //! compiling a request's grammar takes it and fails with llguidance's reason.
+//!
+//! A grammar can wait for a trigger ([`GrammarSpec::After`], llama.cpp's lazy grammars): the
+//! output is free, and costs no mask, until the trigger text appears in it; from the trigger's
+//! first byte on, the output must match the grammar.
 
 use std::sync::Arc;
 
@@ -21,6 +25,12 @@ pub enum GrammarSpec {
     Regex(String),
     /// llguidance's Lark dialect (which embeds JSON schemas as `%json {...}`).
     Lark(String),
+    /// Free text until `trigger` appears in the output; from there on, `then` (which starts
+    /// with the trigger's text).
+    After {
+        trigger: String,
+        then: Box<GrammarSpec>,
+    },
 }
 
 /// The engine's tokenizer as llguidance sees it.
@@ -89,6 +99,14 @@ impl Grammars {
             GrammarSpec::JsonSchema(s) => TopLevelGrammar::from_json_schema(s.clone()),
             GrammarSpec::Regex(r) => TopLevelGrammar::from_regex(r),
             GrammarSpec::Lark(l) => TopLevelGrammar::from_lark(l.clone()),
+            GrammarSpec::After { trigger, then } => {
+                let mut c = self.compile(then)?;
+                c.waiting = Some(Waiting {
+                    trigger: trigger.as_bytes().to_vec(),
+                    seen: Vec::new(),
+                });
+                return Ok(c);
+            }
         };
         let parser = self
             .factory
@@ -100,22 +118,48 @@ impl Grammars {
         }
         Ok(Constraint {
             matcher,
-            vocab: self.factory.tok_env().tok_trie().vocab_size() as u32,
+            env: self.factory.tok_env().clone(),
+            waiting: None,
         })
+    }
+}
+
+/// The output so far of a constraint that waits for its trigger.
+#[derive(Clone, Debug)]
+struct Waiting {
+    trigger: Vec<u8>,
+    /// The output's last bytes (fewer than the trigger's, unless the trigger is in them).
+    seen: Vec<u8>,
+}
+
+impl Waiting {
+    /// Takes a token's bytes; the output from the trigger on once it has appeared.
+    fn push(&mut self, bytes: &[u8]) -> Option<Vec<u8>> {
+        self.seen.extend_from_slice(bytes);
+        let n = self.trigger.len();
+        if let Some(at) = self.seen.windows(n).position(|w| w == self.trigger) {
+            return Some(self.seen.split_off(at));
+        }
+        let keep = self.seen.len().min(n.saturating_sub(1));
+        self.seen.drain(..self.seen.len() - keep);
+        None
     }
 }
 
 /// One sequence's grammar state.
 pub struct Constraint {
     matcher: Matcher,
-    vocab: u32,
+    env: TokEnv,
+    /// Set while the grammar waits for its trigger.
+    waiting: Option<Waiting>,
 }
 
 impl Clone for Constraint {
     fn clone(&self) -> Self {
         Self {
             matcher: self.matcher.deep_clone(),
-            vocab: self.vocab,
+            env: self.env.clone(),
+            waiting: self.waiting.clone(),
         }
     }
 }
@@ -124,6 +168,7 @@ impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Constraint")
             .field("stopped", &self.matcher.is_stopped())
+            .field("waiting", &self.waiting.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -137,24 +182,28 @@ impl PartialEq for Constraint {
 
 impl Constraint {
     /// The tokens allowed next (only the end token once the grammar is complete), in the
-    /// shortest form for the wire.
-    pub fn mask(&mut self) -> Result<TokenMask, String> {
+    /// shortest form for the wire; `None` while the grammar waits for its trigger (any token).
+    pub fn mask(&mut self) -> Result<Option<TokenMask>, String> {
+        if self.waiting.is_some() {
+            return Ok(None);
+        }
         let vob = self
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| e.to_string())?;
         let n_set = vob.num_set();
-        let n = self.vocab as usize;
+        let vocab = self.env.tok_trie().vocab_size() as u32;
+        let n = vocab as usize;
         let ids = |allowed: bool| {
             (0..n as u32)
                 .filter(|&t| vob.is_allowed(t) == allowed)
                 .collect::<Vec<u32>>()
         };
-        Ok(if n_set <= 512 {
+        Ok(Some(if n_set <= 512 {
             TokenMask::Only(ids(true))
         } else if n - n_set <= 512 {
             TokenMask::Except {
-                vocab: self.vocab,
+                vocab,
                 ids: ids(false),
             }
         } else {
@@ -165,17 +214,26 @@ impl Constraint {
                 }
             });
             TokenMask::Bits(words)
-        })
+        }))
     }
 
-    /// Follows a sampled token.
+    /// Follows a sampled token. Where it completes the trigger, the grammar takes the output
+    /// from the trigger's first byte on.
     pub fn consume(&mut self, id: u32) -> Result<(), String> {
-        self.matcher.consume_token(id).map_err(|e| e.to_string())
+        let Some(waiting) = &mut self.waiting else {
+            return self.matcher.consume_token(id).map_err(|e| e.to_string());
+        };
+        let Some(from_trigger) = waiting.push(&self.env.tok_trie().decode_ext(&[id], false)) else {
+            return Ok(());
+        };
+        self.waiting = None;
+        let ids = self.env.tokenize_bytes(&from_trigger);
+        self.matcher.consume_tokens(&ids).map_err(|e| e.to_string())
     }
 
     /// The grammar is complete and allows nothing more.
     pub fn is_stopped(&self) -> bool {
-        self.matcher.is_stopped()
+        self.waiting.is_none() && self.matcher.is_stopped()
     }
 }
 
@@ -215,18 +273,52 @@ mod tests {
             TokenMask::Bits(w) => w[id as usize / 64] >> (id % 64) & 1 == 1,
         };
         let ids = |s: &str| tok.encode(s, false).unwrap();
-        let m = c.mask().unwrap();
+        let m = c.mask().unwrap().unwrap();
         assert!(allowed(&m, ids("y")[0]) && allowed(&m, ids("n")[0]));
         assert!(!allowed(&m, ids("x")[0]));
         for t in ids("no") {
-            assert!(allowed(&c.mask().unwrap(), t));
+            assert!(allowed(&c.mask().unwrap().unwrap(), t));
             c.consume(t).unwrap();
         }
         assert!(
             c.is_stopped() || {
-                let m = c.mask().unwrap();
+                let m = c.mask().unwrap().unwrap();
                 m == TokenMask::Only(vec![tok.token_id("<|im_end|>").unwrap()])
             }
         );
+    }
+
+    #[test]
+    fn a_triggered_grammar_is_free_until_its_trigger_then_holds_from_the_trigger_on() {
+        let (g, tok) = grammars();
+        let spec = GrammarSpec::After {
+            trigger: "<a>".into(),
+            then: Box::new(GrammarSpec::Regex("<a>(yes|no)</a>".into())),
+        };
+        let ids = |s: &str| tok.encode(s, false).unwrap();
+        let mut c = g.compile(&spec).unwrap();
+        // Free text, the trigger split over tokens, then only the grammar's continuations.
+        for t in ids("hello there <") {
+            assert_eq!(c.mask().unwrap(), None);
+            c.consume(t).unwrap();
+        }
+        for t in ids("a>") {
+            assert_eq!(c.mask().unwrap(), None);
+            c.consume(t).unwrap();
+        }
+        let m = c.mask().unwrap().expect("constrained after the trigger");
+        let allowed = |id: u32| match &m {
+            TokenMask::Only(ids) => ids.contains(&id),
+            TokenMask::Except { ids, .. } => !ids.contains(&id),
+            TokenMask::Bits(w) => w[id as usize / 64] >> (id % 64) & 1 == 1,
+        };
+        assert!(allowed(ids("y")[0]) && !allowed(ids("x")[0]));
+        assert!(!c.is_stopped());
+        // Text after the trigger that the grammar refuses is an error.
+        let mut c = g.compile(&spec).unwrap();
+        c.consume(ids("ok ")[0]).unwrap();
+        let bad = ids("<a>x");
+        let r: Result<(), String> = bad.iter().try_for_each(|&t| c.consume(t));
+        assert!(r.is_err());
     }
 }

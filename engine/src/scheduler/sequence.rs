@@ -98,7 +98,7 @@ impl Sequence {
     pub fn allowed(&mut self) -> Option<TokenMask> {
         let c = self.req.constraint.as_mut()?;
         match c.mask() {
-            Ok(m) => Some(m),
+            Ok(m) => m,
             Err(e) => {
                 tracing::warn!(seq = self.id, "no grammar mask: {e}");
                 None

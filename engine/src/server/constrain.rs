@@ -1,6 +1,8 @@
 //! The grammar a request's output must follow: its `response_format` (or vLLM's fields), or, for
 //! `tool_choice: "required"` or a named function, a `<tool_call>` block whose JSON names one of
-//! the offered tools and whose `arguments` match that tool's `parameters`.
+//! the offered tools and whose `arguments` match that tool's `parameters`. With
+//! `tool_choice: "auto"` the answer may be prose, but once it writes `<tool_call>` the rest must
+//! be such calls (a grammar that waits for its trigger, as llama.cpp's lazy grammars do).
 
 use serde_json::{json, Value};
 
@@ -112,7 +114,18 @@ pub(crate) fn chat(req: &ChatRequest) -> Result<Option<GrammarSpec>, ApiError> {
         }
         return Ok(Some(tool_grammar(&forced, req.parallel_tool_calls)));
     }
-    Ok(req.sampling.format.as_ref().map(format))
+    if let Some(f) = &req.sampling.format {
+        // The answer must be the format; the tools stay listed in the prompt.
+        return Ok(Some(format(f)));
+    }
+    if req.tool_choice == ToolChoice::Auto && !req.tools.is_empty() {
+        let all: Vec<&ToolDef> = req.tools.iter().collect();
+        return Ok(Some(GrammarSpec::After {
+            trigger: CALL_OPEN.to_owned(),
+            then: Box::new(tool_grammar(&all, req.parallel_tool_calls)),
+        }));
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

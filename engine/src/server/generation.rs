@@ -173,6 +173,7 @@ fn compile(engine: &dyn Engine, g: &GrammarSpec) -> Result<Constraint, ApiError>
     let param = match g {
         GrammarSpec::JsonSchema(_) => "response_format",
         GrammarSpec::Regex(_) | GrammarSpec::Lark(_) => "structured_outputs",
+        GrammarSpec::After { .. } => "tools",
     };
     let Some(grammars) = engine.grammars() else {
         return Err(ApiError::unsupported(

@@ -248,3 +248,21 @@ pub fn tool_cases() -> Vec<(&'static str, Value)> {
     .map(|p| (p, toolbox()))
     .collect()
 }
+
+/// Prompts for `tool_choice: "auto"` with [`toolbox`]: ten that ask for a call, two for prose.
+pub fn auto_prompts() -> Vec<&'static str> {
+    vec![
+        "Call the function set_timer with minutes 10, inside <tool_call></tool_call> tags.",
+        "Call the function get_weather with city Paris, inside <tool_call></tool_call> tags.",
+        "Call the function search_web with query pizza in Naples, inside <tool_call></tool_call> tags.",
+        "Call the function send_email with to bob@example.com and subject Meeting, inside <tool_call></tool_call> tags.",
+        "Call the function get_weather with city Tokyo and unit fahrenheit, inside <tool_call></tool_call> tags.",
+        "Start a timer for 25 minutes by calling set_timer within <tool_call> tags.",
+        "Find Rust tutorials by calling search_web within <tool_call> tags.",
+        "Get the weather in Oslo by calling get_weather within <tool_call> tags.",
+        "Email alice@example.com with subject Hello by calling send_email within <tool_call> tags.",
+        "Call the function set_timer with minutes 60, inside <tool_call></tool_call> tags.",
+        "Write a haiku about the sea.",
+        "Hello! How are you today?",
+    ]
+}
