@@ -2,17 +2,18 @@
 //!
 //! The model is written against [`Backend`]: it owns the weights, the activation buffers and
 //! the KV store, so a device backend keeps them all in device memory. [`cpu::CpuBackend`]
-//! implements it with the kernels in [`cpu::kernels`]. The CUDA backend plugs in behind the
-//! same trait (its own issue); a binary built without it answers `--device cuda` with
-//! [`Error::BackendNotCompiled`].
+//! implements it with the kernels in [`cpu::kernels`]; `cuda::backend::CudaBackend` (feature
+//! `cuda`) with NVRTC-compiled kernels. [`select`] builds the one `--device` names; a binary
+//! built without `cuda` answers `--device cuda` with [`crate::error::Error::BackendNotCompiled`].
 
 pub mod cpu;
 pub mod cuda;
+pub mod select;
 
 use std::sync::Arc;
 
 use crate::dtype::GgmlType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kv::{KvSpec, SeqRows};
 use crate::model::gguf::{GgufFile, TensorInfo};
 
@@ -59,6 +60,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     type Kv: Send;
 
     fn name(&self) -> &'static str;
+
+    /// Bytes free for the KV pool, which `--mem-fraction` takes its share of: the host's
+    /// available memory (the CPU's), or the GPU's free memory (a device backend's).
+    fn memory_available(&self) -> Result<u64> {
+        crate::kv::sizing::mem_available()
+    }
 
     fn weight(&self, src: &WeightSource) -> Result<Self::Weight>;
     /// A zeroed buffer of `len` f32.
@@ -198,22 +205,11 @@ impl Device {
         match self {
             Self::Cpu => Ok(()),
             #[cfg(not(feature = "cuda"))]
-            Self::Cuda => Err(Error::BackendNotCompiled("cuda")),
+            Self::Cuda => Err(crate::error::Error::BackendNotCompiled("cuda")),
             // The driver, NVRTC and a GPU are probed before cudarc loads anything (its loaders
-            // panic on a missing library). With all three present, what is still missing is the
-            // commands' path through `cuda::backend::CudaBackend` (docs/architecture.md).
+            // panic on a missing library).
             #[cfg(feature = "cuda")]
-            Self::Cuda => {
-                let found = cuda::probe::probe()?;
-                Err(Error::CudaUnavailable(format!(
-                    "found {} GPU(s) (driver CUDA {}.{}), but the commands do not run the model on \
-                     the CUDA backend yet (it has not been verified on a GPU; \
-                     scripts/gpu-check.sh checks its kernels)",
-                    found.devices,
-                    found.driver_version / 1000,
-                    found.driver_version % 1000 / 10
-                )))
-            }
+            Self::Cuda => cuda::probe::probe().map(|_| ()),
         }
     }
 }

@@ -38,8 +38,15 @@ pub fn mem_available() -> Result<u64> {
         })
 }
 
-/// KV blocks for a rank holding `n_layers` layers.
-pub fn blocks_for(budget: KvBudget, n_layers: usize, kv_dim: usize) -> Result<usize> {
+/// KV blocks for a rank holding `n_layers` layers; `available` is the memory a
+/// [`KvBudget::MemFraction`] takes its share of (the backend's: host or GPU memory), asked only
+/// then.
+pub fn blocks_for(
+    budget: KvBudget,
+    n_layers: usize,
+    kv_dim: usize,
+    available: impl FnOnce() -> Result<u64>,
+) -> Result<usize> {
     let blocks = match budget {
         KvBudget::Tokens(t) => t.div_ceil(BLOCK_SIZE),
         KvBudget::MemFraction(f) => {
@@ -48,7 +55,7 @@ pub fn blocks_for(budget: KvBudget, n_layers: usize, kv_dim: usize) -> Result<us
                     "--mem-fraction {f} is not in (0, 1]"
                 )));
             }
-            (mem_available()? as f64 * f) as usize / block_bytes(n_layers.max(1), kv_dim)
+            (available()? as f64 * f) as usize / block_bytes(n_layers.max(1), kv_dim)
         }
     };
     if blocks == 0 {
@@ -65,12 +72,22 @@ mod tests {
 
     #[test]
     fn sizes_by_tokens_and_by_memory() {
-        assert_eq!(blocks_for(KvBudget::Tokens(100), 10, 192).unwrap(), 7);
+        let unasked = || -> Result<u64> { panic!("a token budget needs no memory figure") };
+        assert_eq!(
+            blocks_for(KvBudget::Tokens(100), 10, 192, unasked).unwrap(),
+            7
+        );
         // Keys and values, f16.
         assert_eq!(block_bytes(10, 192), 2 * 10 * 16 * 192 * 2);
-        let b = blocks_for(KvBudget::MemFraction(0.01), 10, 192).unwrap();
+        let b = blocks_for(KvBudget::MemFraction(0.01), 10, 192, mem_available).unwrap();
         assert!(b > 0 && (b * block_bytes(10, 192)) as u64 <= mem_available().unwrap() / 100 + 1);
-        assert!(blocks_for(KvBudget::MemFraction(1.5), 10, 192).is_err());
-        assert!(blocks_for(KvBudget::Tokens(0), 10, 192).is_err());
+        // A GPU with 80 GB free, half of it: 40 GB / 122,880 bytes a block.
+        let gpu = || Ok(80_000_000_000);
+        assert_eq!(
+            blocks_for(KvBudget::MemFraction(0.5), 10, 192, gpu).unwrap(),
+            40_000_000_000 / block_bytes(10, 192)
+        );
+        assert!(blocks_for(KvBudget::MemFraction(1.5), 10, 192, mem_available).is_err());
+        assert!(blocks_for(KvBudget::Tokens(0), 10, 192, mem_available).is_err());
     }
 }

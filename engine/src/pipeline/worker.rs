@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::cpu::CpuBackend;
+use crate::backend::select::{BackendSpec, WithBackend};
+use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::kv::sizing::{blocks_for, KvBudget};
 use crate::model::gguf::GgufFile;
@@ -27,9 +28,8 @@ pub struct RankOptions {
     pub model: PathBuf,
     /// `--layers` (default: an even split).
     pub layers: Option<String>,
-    pub threads: usize,
-    /// Other ranks' threads share this rank's cores: its idle workers spin only briefly.
-    pub shared_cores: bool,
+    /// The device, threads and GPU placement (this rank's backend).
+    pub backend: BackendSpec,
     pub kv: KvBudget,
     pub secret: Vec<u8>,
     /// What this rank's data links (from the previous rank, to the next) run on.
@@ -82,12 +82,56 @@ pub fn run_rank(opts: &RankOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
         )));
     }
     let sha = file_sha256(&opts.model)?;
-    let model = Llama::load(
+    let work = RankWork {
+        opts,
         gguf,
-        Arc::new(CpuBackend::for_rank(opts.threads, opts.shared_cores)),
-        split.part(opts.rank),
-    )?;
-    let capacity = blocks_for(opts.kv, split.range(opts.rank).len(), cfg.kv_dim())?;
+        split,
+        sha,
+        kv_dim: cfg.kv_dim(),
+        on_listening,
+    };
+    opts.backend.run(opts.rank, cfg.head_dim, work)
+}
+
+/// What a worker rank does once it knows its layers: loads them on its backend, then serves.
+struct RankWork<'a, F> {
+    opts: &'a RankOptions,
+    gguf: Arc<GgufFile>,
+    split: LayerSplit,
+    sha: String,
+    kv_dim: usize,
+    on_listening: F,
+}
+
+impl<F: FnOnce(SocketAddr)> WithBackend for RankWork<'_, F> {
+    type Out = ();
+
+    fn run<B: Backend>(self, backend: Arc<B>) -> Result<()> {
+        let RankWork {
+            opts,
+            gguf,
+            split,
+            sha,
+            kv_dim,
+            on_listening,
+        } = self;
+        let model = Llama::load(gguf, backend, split.part(opts.rank))?;
+        serve_rank(opts, model, &split, sha, kv_dim, on_listening)
+    }
+}
+
+/// Runs rank `opts.rank`'s blocks on `model` until rank 0 shuts it down or goes away.
+fn serve_rank<B: Backend>(
+    opts: &RankOptions,
+    model: Llama<B>,
+    split: &LayerSplit,
+    sha: String,
+    kv_dim: usize,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<()> {
+    let capacity = blocks_for(opts.kv, split.range(opts.rank).len(), kv_dim, || {
+        model.backend().memory_available()
+    })?;
     let bounds = split.bounds(opts.rank).map(|b| b as u32);
     let status = Arc::new(Mutex::new(RankStatus {
         rank: opts.rank as u32,

@@ -252,6 +252,15 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    fn memory_available(&self) -> Result<u64> {
+        let (free, _total) = self
+            .gpu
+            .ctx
+            .mem_get_info()
+            .map_err(|e| driver("reading the GPU's free memory", e))?;
+        Ok(free as u64)
+    }
+
     fn weight(&self, src: &WeightSource) -> Result<CudaWeight> {
         let (rows, cols) = src.rows_cols();
         if src.info.shape.len() == 1 {

@@ -9,12 +9,14 @@
 //! - [`launch`]: grid and block shapes, split-KV choice, decode-graph buckets and padding, the
 //!   per-row KV slots the kernels read from the block tables, and the device arena's size.
 //! - `probe` (feature `cuda`): what `--device cuda` checks first.
+//! - `device`, `backend` (feature `cuda`): the loaded modules and their launchers; the backend.
 //!
 //! `make cuda-check` compiles every module for `compute_90` and `compute_80` with NVRTC from
 //! PyPI, assembles it for `sm_90` with `ptxas -v`, and fails on a spill or an error
-//! (`examples/cuda_check.rs`). What is not written yet — the `Backend` implementation that owns
-//! device weights, buffers and the KV pool and launches these kernels, decode graphs — is listed
-//! in `docs/architecture.md`.
+//! (`examples/cuda_check.rs`). `backend` (feature `cuda`) is the `Backend` that owns device
+//! weights, buffers and the KV pool and launches these kernels; the commands reach it through
+//! `backend::select` (`--device cuda`). What is not written yet (decode graphs) is listed in
+//! `docs/architecture.md`.
 
 #[cfg(feature = "cuda")]
 pub mod backend;

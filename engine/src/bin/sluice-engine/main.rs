@@ -8,8 +8,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use serde_json::json;
-use sluice_engine::backend::cpu::CpuBackend;
-use sluice_engine::backend::Device;
+use sluice_engine::backend::select::{BackendSpec, WithBackend};
+use sluice_engine::backend::{Backend, Device};
 use sluice_engine::bench::{self, BenchConfig};
 use sluice_engine::generate::{self, tokens_per_sec, GenerateParams, SamplingParams};
 use sluice_engine::model::chat::{ChatMessage, ChatTemplate};
@@ -74,7 +74,7 @@ enum Command {
     },
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 struct ModelArgs {
     /// The GGUF model file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf).
     #[arg(long)]
@@ -85,6 +85,9 @@ struct ModelArgs {
     /// cpu, or cuda (needs a binary built with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: Device,
+    /// With `--device cuda`: the GPU to run on.
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
 }
 
 #[derive(Args, Debug)]
@@ -132,12 +135,54 @@ impl ModelArgs {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 
-    fn load(&self) -> Result<(Loaded, Llama<CpuBackend>)> {
+    /// Runs `cmd` with the whole model loaded on the backend `--device` names.
+    fn run(&self, cmd: ModelCmd) -> Result<()> {
         let loaded = self.open()?;
-        let backend = Arc::new(CpuBackend::new(self.threads()));
-        let n_layers = sluice_engine::model::LlamaConfig::from_gguf(&loaded.gguf)?.n_layers;
-        let model = Llama::load(loaded.gguf.clone(), backend, ModelPart::full(n_layers))?;
-        Ok((loaded, model))
+        let cfg = sluice_engine::model::LlamaConfig::from_gguf(&loaded.gguf)?;
+        let spec = BackendSpec {
+            gpus: vec![self.gpu],
+            device: self.device,
+            ..BackendSpec::cpu(self.threads())
+        };
+        spec.run(
+            0,
+            cfg.head_dim,
+            Loading {
+                loaded,
+                n_layers: cfg.n_layers,
+                cmd,
+                threads: self.threads(),
+            },
+        )?
+    }
+}
+
+/// The commands that run the model.
+enum ModelCmd {
+    Score { tokens: Vec<u32>, json: bool },
+    Bench { cfg: BenchConfig, json: bool },
+    Generate(GenerateArgs),
+}
+
+/// A command with its model file open, waiting for its backend.
+struct Loading {
+    loaded: Loaded,
+    n_layers: usize,
+    cmd: ModelCmd,
+    threads: usize,
+}
+
+impl WithBackend for Loading {
+    type Out = Result<()>;
+
+    fn run<B: Backend>(self, backend: Arc<B>) -> sluice_engine::Result<Result<()>> {
+        let gguf = self.loaded.gguf.clone();
+        let llama = Llama::load(gguf, backend, ModelPart::full(self.n_layers))?;
+        Ok(match self.cmd {
+            ModelCmd::Score { tokens, json } => score_cmd(&llama, &tokens, json),
+            ModelCmd::Bench { cfg, json } => bench_cmd(&llama, &cfg, json, self.threads),
+            ModelCmd::Generate(args) => generate_cmd(&self.loaded, &llama, &args),
+        })
     }
 }
 
@@ -166,28 +211,17 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{tokens:?}");
             }
         }
-        Command::Generate(args) => generate_cmd(args)?,
+        Command::Generate(args) => {
+            let model = args.model.clone();
+            model.run(ModelCmd::Generate(args))?
+        }
         Command::Serve(args) => serve::serve(args)?,
         Command::Rank(args) => serve::rank(args)?,
         Command::Score {
             model,
             tokens,
             json,
-        } => {
-            let (_, llama) = model.load()?;
-            let scores = generate::score(&llama, &tokens)?;
-            if json {
-                println!("{}", serde_json::to_string(&scores)?);
-            } else {
-                for (i, p) in scores.positions.iter().enumerate() {
-                    println!(
-                        "{i:>5} argmax {:>6} logprob(next) {:?}",
-                        p.argmax, p.next_logprob
-                    );
-                }
-                println!("perplexity {:?}", scores.perplexity);
-            }
-        }
+        } => model.run(ModelCmd::Score { tokens, json })?,
         Command::Bench {
             model,
             prefill_tokens,
@@ -196,40 +230,67 @@ fn run(cli: Cli) -> Result<()> {
             repetitions,
             json,
         } => {
-            let (_, llama) = model.load()?;
             let cfg = BenchConfig {
                 prefill_tokens,
                 decode_tokens,
                 decode_batches: batches,
                 repetitions,
             };
-            let report = bench::run(&llama, &cfg)?;
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                for p in &report.prefill {
-                    println!(
-                        "threads {}  prefill pp{}: {:.1} tok/s ({:.2} s)",
-                        model.threads(),
-                        p.tokens,
-                        p.tok_s,
-                        p.seconds
-                    );
-                }
-                for d in &report.decode {
-                    println!(
-                        "decode tg{} batch {}: {:.1} tok/s ({:.1} per sequence)",
-                        decode_tokens, d.batch, d.tok_s, d.per_seq_tok_s
-                    );
-                }
-            }
+            model.run(ModelCmd::Bench { cfg, json })?
         }
     }
     Ok(())
 }
 
-fn generate_cmd(args: GenerateArgs) -> Result<()> {
-    let (loaded, llama) = args.model.load()?;
+fn score_cmd<B: Backend>(llama: &Llama<B>, tokens: &[u32], json: bool) -> Result<()> {
+    let scores = generate::score(llama, tokens)?;
+    if json {
+        println!("{}", serde_json::to_string(&scores)?);
+    } else {
+        for (i, p) in scores.positions.iter().enumerate() {
+            println!(
+                "{i:>5} argmax {:>6} logprob(next) {:?}",
+                p.argmax, p.next_logprob
+            );
+        }
+        println!("perplexity {:?}", scores.perplexity);
+    }
+    Ok(())
+}
+
+fn bench_cmd<B: Backend>(
+    llama: &Llama<B>,
+    cfg: &BenchConfig,
+    json: bool,
+    threads: usize,
+) -> Result<()> {
+    let report = bench::run(llama, cfg)?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    if report.backend == "cpu" {
+        let simd = sluice_engine::backend::cpu::kernels::simd_level();
+        println!("backend cpu  simd {}", simd.name());
+    } else {
+        println!("backend {}", report.backend);
+    }
+    for p in &report.prefill {
+        println!(
+            "threads {threads}  prefill pp{}: {:.1} tok/s ({:.2} s)",
+            p.tokens, p.tok_s, p.seconds
+        );
+    }
+    for d in &report.decode {
+        println!(
+            "decode tg{} batch {}: {:.1} tok/s ({:.1} per sequence)",
+            cfg.decode_tokens, d.batch, d.tok_s, d.per_seq_tok_s
+        );
+    }
+    Ok(())
+}
+
+fn generate_cmd<B: Backend>(loaded: &Loaded, llama: &Llama<B>, args: &GenerateArgs) -> Result<()> {
     let text = if args.chat {
         let template = ChatTemplate::from_gguf(&loaded.gguf)?;
         template.render(
@@ -254,19 +315,13 @@ fn generate_cmd(args: GenerateArgs) -> Result<()> {
         stop: args.stop.clone(),
     };
     let stream = !args.json;
-    let out = generate::generate(
-        &llama,
-        &loaded.tokenizer,
-        &prompt_tokens,
-        &params,
-        |piece| {
-            if stream {
-                use std::io::Write;
-                print!("{piece}");
-                let _ = std::io::stdout().flush();
-            }
-        },
-    )?;
+    let out = generate::generate(llama, &loaded.tokenizer, &prompt_tokens, &params, |piece| {
+        if stream {
+            use std::io::Write;
+            print!("{piece}");
+            let _ = std::io::stdout().flush();
+        }
+    })?;
     let prefill_tok_s = tokens_per_sec(prompt_tokens.len(), out.prefill_time);
     // The first token comes from the prefill; each later one from a decode step.
     let decode_tok_s = tokens_per_sec(out.tokens.len().saturating_sub(1), out.decode_time);

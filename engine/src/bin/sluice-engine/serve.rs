@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use sluice_engine::backend::cpu::CpuBackend;
-use sluice_engine::backend::Device;
+use sluice_engine::backend::select::{BackendSpec, WithBackend};
+use sluice_engine::backend::{Backend, Device};
 use sluice_engine::generate::GenerationDefaults;
 use sluice_engine::kv::sizing::{blocks_for, KvBudget};
 use sluice_engine::model::chat::ChatTemplate;
@@ -19,8 +19,8 @@ use sluice_engine::pipeline::launch::{
 };
 use sluice_engine::pipeline::remote::{Peers, RemoteDriver};
 use sluice_engine::pipeline::worker::{run_rank, RankOptions};
-use sluice_engine::pipeline::{LayerSplit, LocalDriver, Stage};
-use sluice_engine::scheduler::{EngineConfig, EngineHandle, Scheduler, SchedulerConfig};
+use sluice_engine::pipeline::{Driver, LayerSplit, LocalDriver, Stage};
+use sluice_engine::scheduler::{EngineConfig, EngineHandle, Input, Scheduler, SchedulerConfig};
 use sluice_engine::trace::otlp::{self, OtlpConfig, OtlpSettings};
 use sluice_engine::transport::rdma::RdmaConfig;
 use sluice_engine::transport::{DataTransport, DialOptions};
@@ -35,6 +35,10 @@ pub struct RankArgs {
     /// GPU is one line naming it).
     #[arg(long, default_value = "cpu")]
     device: Device,
+    /// With `--device cuda`: the GPUs the ranks go on, rank r on the (r mod n)-th listed, e.g.
+    /// `0,1,2` (one GPU per rank, the deployment's shape) or `0` (every rank on one GPU).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    gpus: Vec<usize>,
     /// Pipeline ranks.
     #[arg(long, default_value_t = 3)]
     ranks: usize,
@@ -132,6 +136,16 @@ impl RankArgs {
         self.threads.unwrap_or_else(cores).max(1)
     }
 
+    /// This rank's backend: the device, its threads, its GPUs.
+    fn backend(&self) -> BackendSpec {
+        BackendSpec {
+            device: self.device,
+            threads: self.threads(),
+            shared_cores: self.shared_cores,
+            gpus: self.gpus.clone(),
+        }
+    }
+
     fn kv(&self) -> KvBudget {
         self.kv_tokens
             .map_or(KvBudget::MemFraction(self.mem_fraction), KvBudget::Tokens)
@@ -150,6 +164,12 @@ impl RankArgs {
             self.mem_fraction.to_string(),
             "--device".into(),
             self.device.as_str().into(),
+            "--gpus".into(),
+            self.gpus
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
         ];
         if let Some(t) = self.kv_tokens {
             a.extend(["--kv-tokens".into(), t.to_string()]);
@@ -283,8 +303,7 @@ pub fn rank(args: RankCmdArgs) -> Result<()> {
         listen: args.listen.clone(),
         model: args.rank.model_path(),
         layers: args.rank.layers.clone(),
-        threads: args.rank.threads(),
-        shared_cores: args.rank.shared_cores,
+        backend: args.rank.backend(),
         kv: args.rank.kv(),
         secret: secret.into_bytes(),
         transport,
@@ -333,64 +352,16 @@ pub fn serve(mut args: ServeArgs) -> Result<()> {
         path.file_stem()
             .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
     });
-    let model = Llama::load(
-        gguf.clone(),
-        Arc::new(CpuBackend::for_rank(r.threads(), r.shared_cores)),
-        split.part(0),
-    )?;
-    let own_blocks = blocks_for(r.kv(), split.range(0).len(), cfg.kv_dim())?;
-    eprintln!(
-        "rank 0: blocks {:?}, {:.1} MiB of weights, {} threads{}",
-        split.bounds(0),
-        model.weight_bytes() as f64 / (1 << 20) as f64,
-        r.threads(),
-        if r.shared_cores {
-            " (sharing cores with the other ranks)"
-        } else {
-            ""
-        }
-    );
-
     let inbox = channel();
-    let secret = secret();
-    let mut _children: Option<ChildRanks> = None;
-    let (driver, kv_blocks): (Box<dyn sluice_engine::pipeline::Driver>, usize) = if split.n_ranks()
-        == 1
-    {
-        let stage = Stage::new(model, own_blocks)?;
-        let n = stage.kv_tokens() / sluice_engine::kv::BLOCK_SIZE;
-        (Box::new(LocalDriver::new(stage, inbox.0.clone())), n)
-    } else {
-        let addrs = if args.rank_addrs.is_empty() {
-            let exe =
-                std::env::current_exe().context("finding this executable to start the ranks")?;
-            let host = args.listen.rsplit_once(':').map_or("127.0.0.1", |(h, _)| h);
-            let host = if host == "0.0.0.0" || host.is_empty() {
-                "127.0.0.1"
-            } else {
-                host
-            };
-            let children = spawn_ranks(&exe, r.ranks, host, &r.child_args(&path, &split), &secret)?;
-            if args.exit_when_a_rank_exits {
-                children.stop_when_a_rank_exits();
-            }
-            let a = children.addrs().to_vec();
-            _children = Some(children);
-            a
-        } else {
-            args.rank_addrs.clone()
-        };
-        let peers = Peers {
-            addrs,
-            model_sha256: file_sha256(&path)?,
-            secret: secret.into_bytes(),
-            dial: DialOptions::default(),
-            transport,
-        };
-        let d = RemoteDriver::connect(model, split.clone(), own_blocks, &peers, inbox.0.clone())?;
-        let n = d.kv_tokens() / sluice_engine::kv::BLOCK_SIZE;
-        (Box::new(d), n)
+    let rank0 = Rank0 {
+        args: &args,
+        gguf: gguf.clone(),
+        split: split.clone(),
+        kv_dim: cfg.kv_dim(),
+        transport,
+        inbox: inbox.0.clone(),
     };
+    let (driver, kv_blocks, _children) = r.backend().run(0, cfg.head_dim, rank0)??;
     eprintln!(
         "KV token pool: {} tokens",
         kv_blocks * sluice_engine::kv::BLOCK_SIZE
@@ -451,4 +422,88 @@ pub fn serve(mut args: ServeArgs) -> Result<()> {
     })?;
     handle.shutdown();
     Ok(())
+}
+
+/// Rank 0 on its backend: loads its blocks, sizes its KV pool from the backend's memory, and
+/// builds the driver: local (one rank), or linked to ranks 1..R (started here unless
+/// `--rank-addrs` names them). The child ranks live as long as what this returns.
+struct Rank0<'a> {
+    args: &'a ServeArgs,
+    gguf: Arc<GgufFile>,
+    split: LayerSplit,
+    kv_dim: usize,
+    transport: DataTransport,
+    inbox: std::sync::mpsc::Sender<Input>,
+}
+
+type Rank0Parts = (Box<dyn Driver>, usize, Option<ChildRanks>);
+
+impl WithBackend for Rank0<'_> {
+    type Out = Result<Rank0Parts>;
+
+    fn run<B: Backend>(self, backend: Arc<B>) -> sluice_engine::Result<Result<Rank0Parts>> {
+        Ok(self.start(backend))
+    }
+}
+
+impl Rank0<'_> {
+    fn start<B: Backend>(self, backend: Arc<B>) -> Result<Rank0Parts> {
+        let (args, r, split) = (self.args, &self.args.rank, &self.split);
+        let model = Llama::load(self.gguf, backend, split.part(0))?;
+        let own_blocks = blocks_for(r.kv(), split.range(0).len(), self.kv_dim, || {
+            model.backend().memory_available()
+        })?;
+        eprintln!(
+            "rank 0: blocks {:?}, {:.1} MiB of weights, {} on {}{}",
+            split.bounds(0),
+            model.weight_bytes() as f64 / (1 << 20) as f64,
+            model.backend().name(),
+            match r.device {
+                Device::Cpu => format!("{} threads", r.threads()),
+                Device::Cuda => format!("GPU {}", r.backend().gpu_for(0)),
+            },
+            if r.shared_cores {
+                " (sharing cores with the other ranks)"
+            } else {
+                ""
+            }
+        );
+        if split.n_ranks() == 1 {
+            let stage = Stage::new(model, own_blocks)?;
+            let n = stage.kv_tokens() / sluice_engine::kv::BLOCK_SIZE;
+            return Ok((Box::new(LocalDriver::new(stage, self.inbox)), n, None));
+        }
+        let secret = secret();
+        let path = r.model_path();
+        let mut children = None;
+        let addrs = if args.rank_addrs.is_empty() {
+            let exe =
+                std::env::current_exe().context("finding this executable to start the ranks")?;
+            let host = args.listen.rsplit_once(':').map_or("127.0.0.1", |(h, _)| h);
+            let host = if host == "0.0.0.0" || host.is_empty() {
+                "127.0.0.1"
+            } else {
+                host
+            };
+            let started = spawn_ranks(&exe, r.ranks, host, &r.child_args(&path, split), &secret)?;
+            if args.exit_when_a_rank_exits {
+                started.stop_when_a_rank_exits();
+            }
+            let a = started.addrs().to_vec();
+            children = Some(started);
+            a
+        } else {
+            args.rank_addrs.clone()
+        };
+        let peers = Peers {
+            addrs,
+            model_sha256: file_sha256(&path)?,
+            secret: secret.into_bytes(),
+            dial: DialOptions::default(),
+            transport: self.transport,
+        };
+        let d = RemoteDriver::connect(model, split.clone(), own_blocks, &peers, self.inbox)?;
+        let n = d.kv_tokens() / sluice_engine::kv::BLOCK_SIZE;
+        Ok((Box::new(d), n, children))
+    }
 }
