@@ -1,6 +1,7 @@
 //! A Hugging Face tokenizer (`tokenizer.json`, with the chat template and special tokens of the
-//! `tokenizer_config.json` beside it), for counting prompts exactly as a server in front of the
-//! same model does (vLLM and SGLang load these files).
+//! `tokenizer_config.json` beside it, or the `chat_template.jinja` that transformers 4.50 and
+//! later save instead), for counting prompts exactly as a server in front of the same model does
+//! (vLLM and SGLang load these files through transformers, which prefers the `.jinja` file).
 
 use std::path::Path;
 
@@ -26,8 +27,8 @@ fn tok_err(path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 impl HfTokenizer {
-    /// Reads `path`, a `tokenizer.json` (or a directory holding one), and the chat template of
-    /// the `tokenizer_config.json` next to it.
+    /// Reads `path`, a `tokenizer.json` (or a directory holding one), and the chat template next
+    /// to it: `chat_template.jinja` where there is one, else the `tokenizer_config.json`'s.
     pub fn open(path: &Path) -> Result<(Self, ChatTemplate)> {
         let (json, dir) = if path.is_dir() {
             (path.join("tokenizer.json"), path.to_path_buf())
@@ -50,8 +51,18 @@ impl HfTokenizer {
         let config: Value = std::fs::read(&config_path)
             .map_err(|e| tok_err(&config_path, e))
             .and_then(|b| serde_json::from_slice(&b).map_err(|e| tok_err(&config_path, e)))?;
-        let source =
-            chat_template(&config).ok_or_else(|| tok_err(&config_path, "no chat_template"))?;
+        let jinja = dir.join("chat_template.jinja");
+        let source = match std::fs::read_to_string(&jinja) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => chat_template(&config)
+                .ok_or_else(|| {
+                    tok_err(
+                        &config_path,
+                        "no chat_template (and no chat_template.jinja)",
+                    )
+                })?,
+            Err(e) => return Err(tok_err(&jinja, e)),
+        };
         let token = |key: &str| -> String {
             match &config[key] {
                 Value::String(s) => s.clone(),

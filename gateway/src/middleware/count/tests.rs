@@ -177,5 +177,19 @@ fn a_tokenizer_json_counts_as_the_gguf_does() {
             .count(requests[0].0, &requests[0].1)
             .expect("count")
     );
+    // transformers 4.50 and later save the template as chat_template.jinja, which wins over a
+    // tokenizer_config.json's (here a different one, which would count fewer tokens).
+    let mut config = config;
+    config["chat_template"] = json!("{{ messages[0]['content'] }}");
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("config");
+    std::fs::write(dir.join("chat_template.jinja"), template.source()).expect("jinja");
+    let jinja = PromptCounter::open(&dir).expect("hf with chat_template.jinja");
+    for (endpoint, body) in &requests {
+        assert_eq!(
+            jinja.count(*endpoint, body).expect("hf count"),
+            gguf_counter.count(*endpoint, body).expect("gguf count"),
+            "{body}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
