@@ -59,6 +59,13 @@ pub enum GatewayError {
     },
     #[error("the server is at capacity ({} queue full); retry after {retry_after:?}", class.as_str())]
     Overloaded { class: Class, retry_after: Duration },
+    #[error("the {} TTFT deadline of {deadline:?} cannot be met: the predicted time to first token is {predicted:?}; retry after {retry_after:?}", class.as_str())]
+    DeadlineUnmeetable {
+        class: Class,
+        predicted: Duration,
+        deadline: Duration,
+        retry_after: Duration,
+    },
     #[error("every engine replica is busy (it answered 503); retry after {retry_after:?}")]
     UpstreamBusy { retry_after: Duration },
     #[error("waited {waited:?} in the queue without getting a slot (admission.queue_wait_max)")]
@@ -153,6 +160,12 @@ impl GatewayError {
             UpstreamBusy { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "overloaded_error",
+            DeadlineUnmeetable { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded_error",
+                "deadline_unmeetable",
+                Debug,
+            ),
                 "overloaded",
                 Info,
             ),
@@ -234,6 +247,7 @@ impl GatewayError {
     /// The JSON body.
     pub fn to_json(&self) -> serde_json::Value {
         let class = self.class();
+            | Self::DeadlineUnmeetable { retry_after, .. }
         json!({
             "error": {
                 "message": self.to_string(),

@@ -5,6 +5,7 @@
 //! - [`forward`]: the upstream client and where requests go.
 //! - [`error`]: the one mapping from a refusal to its status and OpenAI-shaped body.
 //! - [`policy`]: the policy file, its validation and reload.
+//! - [`predict`]: the upstream's cost model and the time-to-first-token prediction.
 //! - [`server`], [`routes`], [`tls`]: listening, routing, certificates.
 //! - [`bundled`]: the supervised bundled engine.
 //! - [`ui`]: the status page (`/ui`).
@@ -22,6 +23,7 @@ pub mod fuzzing;
 pub mod middleware;
 pub mod policy;
 pub mod routes;
+pub mod predict;
 pub mod server;
 pub mod telemetry;
 pub mod tls;

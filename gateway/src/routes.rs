@@ -112,6 +112,7 @@ impl Router {
             .metrics
             .render(&app.admission.snapshot(), &app.upstream.ranks());
         crate::telemetry::metrics::render_policy(&mut text, &app.policy.current());
+        crate::telemetry::metrics::render_prediction(&mut text, &app.admission.prediction());
         app.upstream.render_metrics(&mut text);
         if let Some(alerter) = app.alerter.get() {
             text.push_str(&alerter.render_prometheus());

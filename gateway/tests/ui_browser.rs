@@ -131,6 +131,8 @@ async fn gateway(
     policy.admission.heavy_active_max = 1;
     policy.admission.queue_depth = 1;
     policy.admission.queue_wait_max = Duration::from_secs(300);
+    // The waiter behind the held stream must still be there when the page looks.
+    policy.admission.interactive_ttft_deadline = Duration::from_secs(300);
     let mut loaded = LoadedPolicy::defaults();
     loaded.policy = policy;
     let app = App::new(PolicyStore::new(loaded), upstream, "scripted-model".into());
@@ -364,6 +366,16 @@ async fn the_status_page_shows_what_metrics_say() {
     assert_eq!(shown("window-shed"), stats["window"]["shed"].to_string());
     assert_ne!(shown("ttft-p50"), "—", "two requests had a first token");
     assert_ne!(shown("queue-wait-p95"), "—");
+    // The chart: one predicted and one actual dot per admitted stream with a first token.
+    let points = stats["prediction"]["points"].as_array().map_or(0, Vec::len);
+    assert!(
+        points >= 2,
+        "two finished streams: {stats}"
+    );
+    assert_eq!(shown("prediction-points"), points.to_string());
+    assert_eq!(dom.matches("class=\"predicted\"").count(), points, "{dom}");
+    assert_eq!(dom.matches("class=\"actual\"").count(), points);
+    assert_ne!(shown("prediction-median-error"), "—");
     assert_eq!(shown("rank-1-kv"), "6,144 / 8,192");
     assert_eq!(shown("rank-0-up"), "up");
 

@@ -111,6 +111,184 @@ pub fn calibrate(levels: &[Level], rates: &[RatePoint], target: f64) -> Option<C
     })
 }
 
+/// The cost model `sluice-load calibrate` proposes (`[admission.cost]`, milliseconds; the
+/// gateway's model in `docs/policy.md`), and the prefill-token budget that goes with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostFit {
+    pub prefill_base_ms: f64,
+    pub prefill_ms_per_1k: f64,
+    pub prefill_ms_per_1k_squared: f64,
+    pub decode_base_ms: f64,
+    pub decode_ms_per_seq: f64,
+    /// Prompt tokens whose prefill takes half the TTFT target: a short request arriving behind
+    /// that much prefill still meets the target.
+    pub prefill_tokens_max: usize,
+    /// The probes behind it: (prompt tokens, TTFT p50 s alone) and (running, s per token).
+    pub probes: Vec<(usize, f64)>,
+    pub steps: Vec<(usize, f64)>,
+}
+
+/// Least squares of `y` on the features, dropping the last term while a coefficient comes out
+/// negative (every term is a cost); `None` without enough points.
+fn least_squares(rows: &[(Vec<f64>, f64)]) -> Option<Vec<f64>> {
+    let n = rows.first()?.0.len();
+    for terms in (1..=n).rev() {
+        if rows.len() < terms {
+            continue;
+        }
+        // Normal equations, solved by Gaussian elimination with partial pivoting.
+        let mut a = vec![vec![0.0; terms + 1]; terms];
+        for (x, y) in rows {
+            for i in 0..terms {
+                for j in 0..terms {
+                    a[i][j] += x[i] * x[j];
+                }
+                a[i][terms] += x[i] * y;
+            }
+        }
+        let mut ok = true;
+        for col in 0..terms {
+            let pivot =
+                (col..terms).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+            a.swap(col, pivot);
+            if a[col][col].abs() < 1e-12 {
+                ok = false;
+                break;
+            }
+            for row in 0..terms {
+                if row != col {
+                    let f = a[row][col] / a[col][col];
+                    for k in col..=terms {
+                        a[row][k] -= f * a[col][k];
+                    }
+                }
+            }
+        }
+        if !ok {
+            continue;
+        }
+        let theta: Vec<f64> = (0..terms).map(|i| a[i][terms] / a[i][i]).collect();
+        if theta.iter().all(|t| *t >= 0.0) {
+            let mut full = theta;
+            full.resize(n, 0.0);
+            return Some(full);
+        }
+    }
+    None
+}
+
+/// The cost model from prefill probes (prompt tokens, TTFT p50 alone, s) and decode levels
+/// (requests running, mean time per output token, s), for a TTFT target of `target` s.
+pub fn fit_cost(probes: &[(usize, f64)], steps: &[(usize, f64)], target: f64) -> Option<CostFit> {
+    let prefill_rows: Vec<(Vec<f64>, f64)> = probes
+        .iter()
+        .map(|&(p, t)| {
+            let k = p as f64 / 1000.0;
+            (vec![1.0, k, k * k], t)
+        })
+        .collect();
+    // With too few probes for a base, the per-token term alone.
+    let pre = least_squares(&prefill_rows).or_else(|| {
+        let rows: Vec<(Vec<f64>, f64)> =
+            prefill_rows.iter().map(|(x, y)| (vec![x[1]], *y)).collect();
+        least_squares(&rows).map(|t| vec![0.0, t[0], 0.0])
+    })?;
+    let step_rows: Vec<(Vec<f64>, f64)> = steps
+        .iter()
+        .map(|&(n, s)| (vec![1.0, n as f64], s))
+        .collect();
+    let dec = least_squares(&step_rows).unwrap_or_else(|| vec![0.01, 0.0]);
+    // The largest prompt whose prefill fits half the target, in whole 256-token blocks.
+    let prefill_s = |tokens: usize| {
+        let k = tokens as f64 / 1000.0;
+        pre[0] + pre[1] * k + pre[2] * k * k
+    };
+    let mut budget = 256;
+    while budget < 65_536 && prefill_s(budget + 256) <= target / 2.0 {
+        budget += 256;
+    }
+    let ms = |s: f64| (s * 1000.0 * 100.0).round() / 100.0;
+    Some(CostFit {
+        prefill_base_ms: ms(pre[0]),
+        prefill_ms_per_1k: ms(pre[1]),
+        prefill_ms_per_1k_squared: ms(pre[2]),
+        decode_base_ms: ms(dec[0]),
+        decode_ms_per_seq: ms(dec[1]),
+        prefill_tokens_max: budget,
+        probes: probes.to_vec(),
+        steps: steps.to_vec(),
+    })
+}
+
+/// The `[admission.cost]` section and the `prefill_tokens_max` line.
+fn cost_lines(c: &CostFit) -> (String, String) {
+    let probes: Vec<String> = c
+        .probes
+        .iter()
+        .map(|(p, t)| format!("{p} tok {t:.2} s"))
+        .collect();
+    let steps: Vec<String> = c
+        .steps
+        .iter()
+        .map(|(n, s)| format!("{n} running {:.1} ms", s * 1000.0))
+        .collect();
+    (
+        format!(
+            "# Prefill of half the TTFT target's time: a short request behind it still meets the target.\nprefill_tokens_max = {}",
+            c.prefill_tokens_max
+        ),
+        format!(
+            "[admission.cost]\n# Calibrated: TTFT alone {}; time per output token {}.\nprefill_base_ms = {}\nprefill_ms_per_1k = {}\nprefill_ms_per_1k_squared = {}\ndecode_base_ms = {}\ndecode_ms_per_seq = {}\n",
+            probes.join(", "),
+            steps.join(", "),
+            c.prefill_base_ms,
+            c.prefill_ms_per_1k,
+            c.prefill_ms_per_1k_squared,
+            c.decode_base_ms,
+            c.decode_ms_per_seq
+        ),
+    )
+}
+
+/// `toml` with its `[admission.cost]` section (if any) replaced by the fitted one and
+/// `prefill_tokens_max` set in `[admission]`.
+pub fn with_cost(toml: &str, c: &CostFit) -> String {
+    let (budget, section) = cost_lines(c);
+    let mut out = String::new();
+    let mut current = String::new();
+    let mut budget_written = false;
+    for line in toml.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            if current == "admission" && !budget_written {
+                out.push_str(&budget);
+                out.push('\n');
+                budget_written = true;
+            }
+            current = trimmed.trim_matches(['[', ']']).trim().to_owned();
+        }
+        if current == "admission.cost" {
+            continue;
+        }
+        let key = trimmed.split('=').next().unwrap_or("").trim();
+        if current == "admission" && key == "prefill_tokens_max" {
+            out.push_str(&budget);
+            out.push('\n');
+            budget_written = true;
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if current == "admission" && !budget_written {
+        out.push_str(&budget);
+        out.push('\n');
+    }
+    out.push('\n');
+    out.push_str(&section);
+    out
+}
+
 /// The `[admission]` lines, each with the measurement behind it.
 fn admission_lines(c: &Calibration) -> [String; 3] {
     [
@@ -271,6 +449,45 @@ mod tests {
             (1, 0, false, None)
         );
         assert!(calibrate(&[], &[], 1.0).is_none());
+    }
+
+    #[test]
+    fn the_cost_model_fits_the_probes_and_sizes_the_budget() {
+        // TTFT alone: 0.1 s + 0.5 s per 1K + 0.05 s per 1K²; steps 20 ms + 5 ms per request.
+        let probes: Vec<(usize, f64)> = [256, 1024, 4096]
+            .iter()
+            .map(|&p| {
+                let k = p as f64 / 1000.0;
+                (p, 0.1 + 0.5 * k + 0.05 * k * k)
+            })
+            .collect();
+        let steps = [(1, 0.025), (2, 0.030), (4, 0.040)];
+        let c = fit_cost(&probes, &steps, 4.0).unwrap();
+        assert!((c.prefill_base_ms - 100.0).abs() < 0.5, "{c:?}");
+        assert!((c.prefill_ms_per_1k - 500.0).abs() < 0.5, "{c:?}");
+        assert!((c.prefill_ms_per_1k_squared - 50.0).abs() < 0.5, "{c:?}");
+        assert!((c.decode_base_ms - 20.0).abs() < 0.1, "{c:?}");
+        assert!((c.decode_ms_per_seq - 5.0).abs() < 0.1, "{c:?}");
+        // 2 s of prefill: 0.1 + 0.5k + 0.05k² = 2 → k ≈ 3.05: 2,816 tokens in 256 blocks.
+        assert_eq!(c.prefill_tokens_max, 2816);
+        // One probe: the per-token term alone.
+        let one = fit_cost(&[(1000, 0.8)], &[], 4.0).unwrap();
+        assert_eq!((one.prefill_base_ms, one.prefill_ms_per_1k), (0.0, 800.0));
+        assert!(fit_cost(&[], &[], 1.0).is_none());
+
+        let base = "[admission]\nactive_max = 4\nprefill_tokens_max = 1\n\n[admission.cost]\n# old\nprefill_base_ms = 9\n\n[upstream]\nkind = \"bundled\"\n";
+        let out = with_cost(base, &c);
+        assert_eq!(out.matches("prefill_tokens_max = 2816").count(), 1, "{out}");
+        assert!(
+            !out.contains("prefill_base_ms = 9") && !out.contains("= 1\n"),
+            "{out}"
+        );
+        assert_eq!(out.matches("[admission.cost]").count(), 1, "{out}");
+        assert!(out.contains("[upstream]\nkind"), "{out}");
+        let cost = &out[out.find("[admission.cost]").unwrap()..];
+        assert!(cost.contains("\nprefill_ms_per_1k = 500\n"), "{out}");
+        let admission = &out[..out.find("[upstream]").unwrap()];
+        assert!(admission.contains("prefill_tokens_max = 2816"), "{out}");
     }
 
     #[test]

@@ -102,6 +102,63 @@ pub struct Admission {
     /// Heavy requests active at once.
     pub heavy_active_max: usize,
 }
+    /// Admit by predicted time to first token: refuse at once (503 `deadline_unmeetable`) a
+    /// request whose class deadline cannot be met. Off: count-based admission only.
+    pub predictive: bool,
+    /// The time-to-first-token deadline of interactive requests (arrival → first token).
+    #[serde(with = "super::duration")]
+    pub interactive_ttft_deadline: Duration,
+    /// The time-to-first-token deadline of batch requests.
+    #[serde(with = "super::duration")]
+    pub batch_ttft_deadline: Duration,
+    /// Prompt tokens admitted but not yet past their prefill, at most (a prompt larger than
+    /// this runs when nothing else is prefilling).
+    pub prefill_tokens_max: usize,
+    /// Fairness between a class's tenants: the weight of an output token against a prompt
+    /// token in each tenant's virtual token counter (the least served tenant goes first).
+    pub fair_output_weight: f64,
+    /// The seed of the upstream's cost model (written by `sluice-load calibrate`).
+    pub cost: Cost,
+}
+
+/// `[admission.cost]`: the upstream's cost model as calibrated, in milliseconds; refitted
+/// online from then on (see `docs/policy.md`). `k` = prompt tokens / 1000.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Cost {
+    /// Prefill: fixed cost of a request.
+    pub prefill_base_ms: f64,
+    /// Prefill: per 1K prompt tokens (× k).
+    pub prefill_ms_per_1k: f64,
+    /// Prefill: attention over the prompt itself (× k²).
+    pub prefill_ms_per_1k_squared: f64,
+    /// Prefill: the running sequences' decode rows carried along (× k × running tokens / 10K).
+    pub prefill_ms_per_1k_per_10k_running: f64,
+    /// Decode step: fixed cost.
+    pub decode_base_ms: f64,
+    /// Decode step: per running sequence.
+    pub decode_ms_per_seq: f64,
+    /// Decode step: per 10K tokens of running context.
+    pub decode_ms_per_10k_context: f64,
+    /// Refit online from observed streams (off: the seed stays as written).
+    pub refit: bool,
+}
+
+impl Default for Cost {
+    /// Below what this machine's bundled engine measures (`sluice-load calibrate` writes the
+    /// measured values): a cold model errs toward admitting.
+    fn default() -> Self {
+        Self {
+            prefill_base_ms: 30.0,
+            prefill_ms_per_1k: 500.0,
+            prefill_ms_per_1k_squared: 50.0,
+            prefill_ms_per_1k_per_10k_running: 0.0,
+            decode_base_ms: 10.0,
+            decode_ms_per_seq: 2.0,
+            decode_ms_per_10k_context: 0.0,
+            refit: true,
+        }
+    }
 
 impl Default for Admission {
     fn default() -> Self {
@@ -112,6 +169,12 @@ impl Default for Admission {
             heavy_input_tokens: 4096,
             heavy_active_max: 1,
         }
+            predictive: true,
+            interactive_ttft_deadline: Duration::from_secs(5),
+            batch_ttft_deadline: Duration::from_secs(120),
+            prefill_tokens_max: 8192,
+            fair_output_weight: 2.0,
+            cost: Cost::default(),
     }
 }
 

@@ -22,6 +22,10 @@ pub const DURATION_MAX: Duration = Duration::from_secs(3600);
 pub const BODY_LIMIT_MIN: usize = 1024;
 /// Pipeline ranks the bundled engine can run.
 pub const RANKS_MAX: usize = 30;
+/// The largest `admission.cost.*` coefficient, ms: an hour.
+pub const COST_MS_MAX: f64 = 3_600_000.0;
+/// The largest `admission.fair_output_weight`.
+pub const COST_WEIGHT_MAX: f64 = 1000.0;
 /// `tenants[].requests_per_second` range: one request per ~17 minutes up to a million per second
 /// (outside it the GCRA period does not fit a `Duration` or rounds to zero).
 pub const RPS_MIN: f64 = 0.001;
@@ -234,6 +238,57 @@ fn admission(a: &Admission, l: &Limits, out: &mut Problems) {
         );
     }
 }
+    for (key, d) in [
+        (
+            "admission.interactive_ttft_deadline",
+            a.interactive_ttft_deadline,
+        ),
+        ("admission.batch_ttft_deadline", a.batch_ttft_deadline),
+    ] {
+        out.duration(key, d, DURATION_MAX, false);
+    }
+    out.positive(
+        "admission.prefill_tokens_max",
+        a.prefill_tokens_max,
+        "no prompt could be prefilled beside another",
+    );
+    if !(a.fair_output_weight.is_finite()
+        && (0.0..=COST_WEIGHT_MAX).contains(&a.fair_output_weight))
+    {
+        out.add(
+            "admission.fair_output_weight",
+            format!(
+                "{} must be from 0 to {COST_WEIGHT_MAX}",
+                a.fair_output_weight
+            ),
+        );
+    }
+    let c = &a.cost;
+    for (key, v) in [
+        ("prefill_base_ms", c.prefill_base_ms),
+        ("prefill_ms_per_1k", c.prefill_ms_per_1k),
+        ("prefill_ms_per_1k_squared", c.prefill_ms_per_1k_squared),
+        (
+            "prefill_ms_per_1k_per_10k_running",
+            c.prefill_ms_per_1k_per_10k_running,
+        ),
+        ("decode_base_ms", c.decode_base_ms),
+        ("decode_ms_per_seq", c.decode_ms_per_seq),
+        ("decode_ms_per_10k_context", c.decode_ms_per_10k_context),
+    ] {
+        if !(v.is_finite() && (0.0..=COST_MS_MAX).contains(&v)) {
+            out.add(
+                format!("admission.cost.{key}"),
+                format!("{v} must be from 0 to {COST_MS_MAX} ms (a cost is never negative)"),
+            );
+        }
+    }
+    if c.decode_base_ms + c.decode_ms_per_seq <= 0.0 {
+        out.add(
+            "admission.cost.decode_base_ms",
+            "a decode step cannot be free: decode_base_ms or decode_ms_per_seq must be positive",
+        );
+    }
 
 fn upstream(u: &Upstream, out: &mut Problems) {
     match u.kind {

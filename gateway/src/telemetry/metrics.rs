@@ -9,7 +9,7 @@ use sluice_engine::prom::{escape, header as help, Histogram};
 
 use super::outcome::Outcome;
 use crate::bundled::RankStatus;
-use crate::middleware::admission::Snapshot;
+use crate::middleware::admission::{PredictionView, Snapshot};
 use crate::policy::{Class, LoadedPolicy};
 
 /// Queue-wait buckets (seconds): from instant admission to past the 60 s default wait limit.
@@ -31,6 +31,9 @@ const TTFT_BUCKETS: &[f64] = &[
 const TOKEN_BUCKETS: &[f64] = &[
     16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 6144.0, 8192.0, 12288.0, 16384.0,
 ];
+
+/// Relative prediction-error buckets: within 5% to five times off.
+const ERROR_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0];
 
 /// The labels of `sluice_requests_total`.
 type OutcomeKey = (Outcome, String, Class);
@@ -54,6 +57,8 @@ pub struct Metrics {
     pub input_tokens: Histogram,
     /// Completion tokens per request, from the response's usage.
     pub output_tokens: Histogram,
+    /// |predicted − actual| / actual time to first token of each admitted stream.
+    pub ttft_prediction_error: Histogram,
 }
 
 impl Default for Metrics {
@@ -69,6 +74,7 @@ impl Default for Metrics {
             upstream_duration: Histogram::new(DURATION_BUCKETS),
             input_tokens: Histogram::new(TOKEN_BUCKETS),
             output_tokens: Histogram::new(TOKEN_BUCKETS),
+            ttft_prediction_error: Histogram::new(ERROR_BUCKETS),
         }
     }
 }
@@ -183,6 +189,11 @@ impl Metrics {
                 "sluice_output_tokens",
                 "Completion tokens per request, from the response's usage.",
             ),
+            (
+                &self.ttft_prediction_error,
+                "sluice_ttft_prediction_error_ratio",
+                "|predicted - actual| / actual time to first token of each admitted stream.",
+            ),
         ];
         for (h, name, text) in histograms {
             h.render(&mut out, name, text, "");
@@ -208,6 +219,16 @@ impl Metrics {
                 "The queue bound in force.",
                 admission.queue_depth,
             ),
+            (
+                "sluice_prefill_tokens_in_flight",
+                "Prompt tokens admitted and not yet past their prefill.",
+                admission.prefill_tokens,
+            ),
+            (
+                "sluice_prefill_tokens_max",
+                "The prefill-token budget in force.",
+                admission.prefill_tokens_max,
+            ),
         ];
         for (name, text, v) in gauges {
             help(&mut out, name, text, "gauge");
@@ -232,6 +253,66 @@ impl Metrics {
         render_ranks(&mut out, ranks);
         out
     }
+}
+
+/// The cost model's coefficients (seconds) and the median prediction error.
+pub fn render_prediction(out: &mut String, p: &PredictionView) {
+    use crate::predict::{DECODE_TERMS, PREFILL_TERMS};
+    help(
+        out,
+        "sluice_cost_model_seconds",
+        "The upstream cost model's coefficients (docs/policy.md): prefill time and decode step time terms.",
+        "gauge",
+    );
+    let terms = PREFILL_TERMS
+        .iter()
+        .zip(p.parameters.prefill)
+        .map(|(t, v)| ("prefill", t, v))
+        .chain(
+            DECODE_TERMS
+                .iter()
+                .zip(p.parameters.decode)
+                .map(|(t, v)| ("decode", t, v)),
+        );
+    for (model, term, v) in terms {
+        let _ = writeln!(
+            out,
+            "sluice_cost_model_seconds{{model=\"{model}\",term=\"{term}\"}} {v}"
+        );
+    }
+    help(
+        out,
+        "sluice_cost_model_observations_total",
+        "Streams the cost model was refitted from.",
+        "counter",
+    );
+    for (model, n) in [
+        ("prefill", p.parameters.prefill_observations),
+        ("decode", p.parameters.decode_observations),
+    ] {
+        let _ = writeln!(
+            out,
+            "sluice_cost_model_observations_total{{model=\"{model}\"}} {n}"
+        );
+    }
+    help(
+        out,
+        "sluice_ttft_prediction_median_error_ratio",
+        "Median of (predicted - actual) / actual time to first token over the last 5 minutes (NaN: none).",
+        "gauge",
+    );
+    let _ = writeln!(
+        out,
+        "sluice_ttft_prediction_median_error_ratio {}",
+        p.median_error.unwrap_or(f64::NAN)
+    );
+    help(
+        out,
+        "sluice_output_share",
+        "Output tokens generated as a share of max_tokens, recent streams' average (the prediction's expected output).",
+        "gauge",
+    );
+    let _ = writeln!(out, "sluice_output_share {}", p.output_share);
 }
 
 /// Gauges of the policy in force: whether it runs open (no key asked) and how many of the

@@ -56,7 +56,9 @@ impl Outcome {
     /// The outcome of a refusal.
     pub fn of_error(e: &GatewayError) -> Self {
         match e {
-            GatewayError::Overloaded { .. } | GatewayError::UpstreamBusy { .. } => Self::Shed,
+            GatewayError::Overloaded { .. }
+            | GatewayError::UpstreamBusy { .. }
+            | GatewayError::DeadlineUnmeetable { .. } => Self::Shed,
             GatewayError::QueueTimeout { .. } => Self::Timeout,
             e if e.class().status.is_client_error() => Self::Rejected,
             _ => Self::Error,

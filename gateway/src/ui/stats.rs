@@ -11,7 +11,11 @@
 //!              "shed_per_min": 0.8, "shed_share": 0.1,
 //!              "queue_wait_p50": 0.02, "queue_wait_p95": 1.9, "ttft_p50": 0.3, "ttft_p95": 2.2},
 //!   "totals": {"accepted": 41, "ok": 35, "rejected": 1, "shed": 3, "timeout": 1, …},
-//!   "policy": {"sha256": "…", "short": "3f2a9c0d1e4b", "loaded_at": 1767225600, "path": "…"}
+//!   "policy": {"sha256": "…", "short": "3f2a9c0d1e4b", "loaded_at": 1767225600, "path": "…"},
+//!   "prediction": {"predictive": true, "median_error": -0.04, "output_share": 0.9,
+//!                  "parameters": {"prefill": [0.03, 0.5, 0.05, 0.0], "decode": [0.01, 0.002, 0.0],
+//!                                 "prefill_observations": 12, "decode_observations": 12},
+//!                  "points": [{"ago": 12.5, "predicted": 0.41, "actual": 0.38}, …]}
 //! }
 //! ```
 //!
@@ -25,7 +29,7 @@ use serde::Serialize;
 use super::window::{quantile, Reading, Sampler, Window};
 use crate::app::App;
 use crate::bundled::RankStatus;
-use crate::middleware::admission::Snapshot;
+use crate::middleware::admission::{PredictionView, Snapshot};
 use crate::policy::LoadedPolicy;
 use crate::telemetry::{Metrics, Outcome};
 
@@ -47,6 +51,8 @@ pub struct Stats {
     pub window: WindowView,
     pub totals: Totals,
     pub policy: PolicyView,
+    /// The cost model, the prediction error and the recent predicted/actual pairs (the chart).
+    pub prediction: PredictionView,
 }
 
 /// Requests waiting for a slot, per class.
@@ -188,6 +194,7 @@ impl Stats {
             &window,
             &app.metrics,
             &app.policy.current(),
+            app.admission.prediction(),
         )
     }
 
@@ -200,6 +207,7 @@ impl Stats {
         window: &Window,
         metrics: &Metrics,
         policy: &LoadedPolicy,
+        prediction: PredictionView,
     ) -> Self {
         Self {
             ready,
@@ -216,6 +224,7 @@ impl Stats {
             window: WindowView::from(window),
             totals: Totals::from(metrics),
             policy: PolicyView::from(policy),
+            prediction,
         }
     }
 }

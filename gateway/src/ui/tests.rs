@@ -176,10 +176,7 @@ async fn stats_show_the_admission_state_and_the_windowed_figures() {
     policy.admission.queue_depth = 2;
     let app = app(policy);
     start(&app);
-    let ticket = |class| Ticket {
-        class,
-        prompt_tokens: 10,
-    };
+    let ticket = |class| Ticket::new(class, 10);
     let _running = app
         .admission
         .arrive(ticket(Class::Interactive))
@@ -282,6 +279,9 @@ fn the_page_names_every_figure_and_loads_nothing_from_outside() {
         "chat-input",
         "chat-queue-ms",
         "chat-prompt-tokens",
+        "prediction-chart",
+        "prediction-points",
+        "prediction-median-error",
     ] {
         assert!(INDEX_HTML.contains(&format!("id=\"{id}\"")), "id {id}");
     }

@@ -10,6 +10,7 @@ mod otlp;
 mod peer;
 mod policy_edits;
 mod reload;
+mod predictive;
 mod replicas;
 mod scripted;
 mod upstream_faults;

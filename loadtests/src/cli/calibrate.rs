@@ -1,11 +1,12 @@
-//! `sluice-load calibrate`: sweep concurrency, then arrival rate, and write the admission
-//! policy that keeps TTFT p95 under the target.
+//! `sluice-load calibrate`: sweep concurrency, then arrival rate, probe prefill at a few prompt
+//! lengths, and write the admission policy that keeps TTFT p95 under the target, with the cost
+//! model (`[admission.cost]`) and prefill-token budget predictive admission starts from.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use sluice_loadtests::calibrate::{calibrate, policy_toml, Level, RatePoint};
+use sluice_loadtests::calibrate::{calibrate, fit_cost, policy_toml, with_cost, Level, RatePoint};
 use sluice_loadtests::measure::measure;
 use sluice_loadtests::prompts::Shape;
 use sluice_loadtests::report;
@@ -39,6 +40,10 @@ pub struct CalibrateArgs {
     /// Arrival rates swept (req/s) [default: 0.5, 0.75, 1 and 1.25 × the measured service rate].
     #[arg(long, value_delimiter = ',')]
     pub rates: Vec<f64>,
+    /// Prompt lengths probed alone (8 output tokens, 2 requests each) for the cost model's
+    /// prefill curve; empty: no `[admission.cost]` written.
+    #[arg(long, value_delimiter = ',', default_value = "256,1024,4096")]
+    pub prefill_probe: Vec<usize>,
     /// The policy file written.
     #[arg(long, default_value = "calibrated-policy.toml")]
     pub out: PathBuf,
@@ -141,7 +146,39 @@ pub async fn main(args: CalibrateArgs) -> Result<bool> {
     }
     let cal = calibrate(&levels, &points, args.ttft_p95)
         .context("no level had a successful request: nothing to calibrate from")?;
-    let toml = policy_toml(&cal, base_policy.as_deref());
+    let mut probes = Vec::new();
+    for &p in &args.prefill_probe {
+        let shape = Shape {
+            label: format!("{p}:8"),
+            input: p,
+            output: 8,
+        };
+        let r = row(&shape, Workload::Closed { concurrency: 1 }, 2);
+        let entry = measure(&r, &args.url, &target, &ctx, next_base, true).await?;
+        next_base += 2;
+        println!("{}", report::table_row(&entry));
+        if let Some(t) = entry.stats.ttft.p50 {
+            probes.push((p, t));
+        }
+    }
+    let steps: Vec<(usize, f64)> = levels
+        .iter()
+        .filter_map(|l| l.stats.tpot.mean.map(|t| (l.concurrency, t)))
+        .collect();
+    let mut toml = policy_toml(&cal, base_policy.as_deref());
+    if let Some(cost) = fit_cost(&probes, &steps, args.ttft_p95) {
+        println!(
+            "cost model: prefill {} ms + {} ms/1K + {} ms/1K²; decode step {} ms + {} ms per \
+             request; prefill_tokens_max = {}",
+            cost.prefill_base_ms,
+            cost.prefill_ms_per_1k,
+            cost.prefill_ms_per_1k_squared,
+            cost.decode_base_ms,
+            cost.decode_ms_per_seq,
+            cost.prefill_tokens_max
+        );
+        toml = with_cost(&toml, &cost);
+    }
     std::fs::write(&args.out, &toml).with_context(|| args.out.display().to_string())?;
     println!(
         "\nTTFT p95 target {:.2} s{}: active_max = {}, queue_depth = {}, queue_wait_max = {} ms \

@@ -28,6 +28,8 @@ pub enum Kind {
     Tools,
     /// The soak's mix: 60% 256:128, 30% 1k:256, 10% 4k.
     Soak,
+    /// The seed's mix: 90% 256:128, 5% 4k:128, 5% 8k:128.
+    SeedMix,
 }
 
 #[derive(Args, Debug)]
@@ -106,6 +108,7 @@ fn row(args: &RunArgs) -> Result<Row> {
             "tools".into(),
         ),
         Kind::Soak => (RowKind::Soak, "soak".into()),
+        Kind::SeedMix => (RowKind::SeedMix, "seed-mix".into()),
     };
     Ok(Row {
         id: format!("{:?}", args.workload).to_lowercase(),

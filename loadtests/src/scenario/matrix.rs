@@ -20,6 +20,9 @@ pub enum RowKind {
     Tools { context: usize },
     /// Poisson arrivals of mixed requests: 60% 256:128, 30% 1k:256, 10% 4k.
     Soak,
+    /// The seed's mix for predictive admission (issue 23): 90% 256:128, 5% 4K and 5% 8K
+    /// prompts with 128 output tokens.
+    SeedMix,
 }
 
 /// One row of the matrix.
@@ -85,6 +88,20 @@ impl Row {
                 model: ctx.model.clone(),
                 context: *context,
                 base,
+                seed: ctx.seed,
+            }),
+            RowKind::SeedMix => Arc::new(MixJobs {
+                parts: vec![
+                    (18, Arc::new(shaped(shape("256:128"), false, base)) as _),
+                    (
+                        1,
+                        Arc::new(shaped(shape("4k:128"), false, base + 1_000_000)) as _,
+                    ),
+                    (
+                        1,
+                        Arc::new(shaped(shape("8k:128"), false, base + 2_000_000)) as _,
+                    ),
+                ],
                 seed: ctx.seed,
             }),
             RowKind::Soak => Arc::new(MixJobs {

@@ -2,17 +2,24 @@
 //! waiting for a slot.
 //!
 //! Rules (the policy's `[admission]` table):
-//! - at most `active_max` requests hold a slot; at most `heavy_active_max` of them are heavy
-//!   (prompt above `heavy_input_tokens`);
+//! - at most `active_max` requests hold a slot; at most `heavy_active_max` heavy ones (prompt
+//!   above `heavy_input_tokens`) are in their prefill at once — the heavy lane is a case of
+//!   the prefill budget below, counted in requests;
 //! - `batch` requests never take the last free slot (with `active_max = 1`, batch runs only
 //!   while no interactive request waits), and are shed first: an interactive arrival at a
 //!   full queue evicts the newest waiting batch request;
 //! - waiters are granted slots interactive first, then batch, FIFO within a class; a waiter
 //!   that cannot run yet (heavy lane busy) does not block the ones behind it;
 //! - after every change the queue is dispatched until no waiter can run, so a new arrival
-//!   that finds a slot it may take can have it without overtaking anyone who could have run.
+//!   that finds a slot it may take can have it without overtaking anyone who could have run;
+//! - at most `prefill_tokens_max` prompt tokens are admitted but not yet past their prefill
+//!   (a longer prompt runs when nothing else prefills): four 8K prefills never run at once;
+//! - within a class, the tenant with the lowest virtual token counter goes first ([`super::fair`]);
+//! - with `predictive`, an arrival whose predicted time to first token misses its deadline is
+//!   refused at once with `deadline_unmeetable` ([`super::predictive`]), and so is a waiter as
+//!   soon as its prediction misses.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -20,8 +27,11 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::drain::DrainRate;
+use super::fair::Fairness;
+use super::flight::Flight;
 use crate::error::GatewayError;
-use crate::policy::{self, Class};
+use crate::policy::{self, Class, Cost};
+use crate::predict::{CostModel, History};
 
 /// The limits admission enforces (a view of the policy's `[admission]` table).
 #[derive(Clone, Debug, PartialEq)]
@@ -31,6 +41,12 @@ pub struct Limits {
     pub queue_wait_max: Duration,
     pub heavy_input_tokens: usize,
     pub heavy_active_max: usize,
+    pub predictive: bool,
+    pub interactive_ttft_deadline: Duration,
+    pub batch_ttft_deadline: Duration,
+    pub prefill_tokens_max: usize,
+    pub fair_output_weight: f64,
+    pub cost: Cost,
 }
 
 impl From<&policy::Admission> for Limits {
@@ -41,15 +57,55 @@ impl From<&policy::Admission> for Limits {
             queue_wait_max: a.queue_wait_max,
             heavy_input_tokens: a.heavy_input_tokens,
             heavy_active_max: a.heavy_active_max,
+            predictive: a.predictive,
+            interactive_ttft_deadline: a.interactive_ttft_deadline,
+            batch_ttft_deadline: a.batch_ttft_deadline,
+            prefill_tokens_max: a.prefill_tokens_max,
+            fair_output_weight: a.fair_output_weight,
+            cost: a.cost.clone(),
+        }
+    }
+}
+
+impl Limits {
+    /// The policy's deadline for `class`.
+    pub fn deadline(&self, class: Class) -> Duration {
+        match class {
+            Class::Interactive => self.interactive_ttft_deadline,
+            Class::Batch => self.batch_ttft_deadline,
         }
     }
 }
 
 /// What a request asks admission for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Ticket {
     pub class: Class,
     pub prompt_tokens: usize,
+    /// The tenant whose fair share it comes from (`"anonymous"` when the gateway runs open).
+    pub tenant: Arc<str>,
+    /// The most tokens it may generate.
+    pub max_tokens: usize,
+    /// A deadline the client asked for (`x-sluice-ttft-deadline-ms`); only ever lowers the
+    /// class's.
+    pub deadline: Option<Duration>,
+    /// Whether the response streams (only streams time their first token and their steps).
+    pub stream: bool,
+}
+
+impl Ticket {
+    /// A streamed request of `class` with `prompt_tokens`, from the anonymous tenant, with up to
+    /// 128 output tokens.
+    pub fn new(class: Class, prompt_tokens: usize) -> Self {
+        Self {
+            class,
+            prompt_tokens,
+            tenant: Arc::from("anonymous"),
+            max_tokens: 128,
+            deadline: None,
+            stream: true,
+        }
+    }
 }
 
 /// A snapshot of the admission state (for metrics, `/readyz` and the status page).
@@ -61,6 +117,9 @@ pub struct Snapshot {
     pub queued_batch: usize,
     pub active_max: usize,
     pub queue_depth: usize,
+    /// Prompt tokens admitted and not yet past their prefill, and the bound.
+    pub prefill_tokens: usize,
+    pub prefill_tokens_max: usize,
 }
 
 /// Shared admission state. Cheap to clone through `Arc`.
@@ -70,24 +129,38 @@ pub struct Admission {
 }
 
 #[derive(Debug)]
-struct State {
-    limits: Limits,
+pub(super) struct State {
+    pub(super) limits: Limits,
     /// The upstream's own ceiling (replicas up and not saturated), below `active_max`.
     capacity: Option<usize>,
     active: usize,
-    heavy_active: usize,
-    waiters: VecDeque<Waiter>,
+    /// Heavy requests not yet past their prefill.
+    pub(super) heavy_active: usize,
+    pub(super) waiters: VecDeque<Waiter>,
     next_id: u64,
     drain: DrainRate,
     /// Tasks parked in `poll_ready` while the queue is full.
     ready_wakers: Vec<std::task::Waker>,
+    /// The requests holding a slot, by permit id.
+    pub(super) flights: HashMap<u64, Flight>,
+    /// Prompt tokens of the flights not yet past their prefill.
+    pub(super) prefill_tokens: usize,
+    pub(super) fair: Fairness,
+    pub(super) model: CostModel,
+    pub(super) history: History,
+    /// Output tokens generated as a share of `max_tokens`, averaged over recent streams.
+    pub(super) output_share: f64,
 }
 
 #[derive(Debug)]
-struct Waiter {
-    id: u64,
-    class: Class,
-    heavy: bool,
+pub(super) struct Waiter {
+    pub id: u64,
+    pub class: Class,
+    pub heavy: bool,
+    pub ticket: Ticket,
+    pub arrived: Instant,
+    /// Its prediction on arrival.
+    pub predicted: Duration,
     tx: oneshot::Sender<Result<Permit, GatewayError>>,
 }
 
@@ -95,8 +168,10 @@ struct Waiter {
 #[derive(Debug)]
 pub struct Permit {
     admission: Option<Arc<Admission>>,
+    id: u64,
     heavy: bool,
     granted_at: Instant,
+    predicted: Duration,
 }
 
 impl Permit {
@@ -109,13 +184,35 @@ impl Permit {
     pub fn is_heavy(&self) -> bool {
         self.heavy
     }
+
+    /// The predicted time to first token, from arrival at admission.
+    pub fn predicted(&self) -> Duration {
+        self.predicted
+    }
+
+    /// The response's first token went by (its prefill is over): its prompt leaves the
+    /// prefill budget. Returns the prediction and what it got, for a stream.
+    pub fn first_token(&self) -> Option<crate::predict::Pair> {
+        let admission = self.admission.as_ref()?;
+        let mut st = admission.lock();
+        let pair = st.first_token(self.id);
+        st.dispatch(admission);
+        pair
+    }
+
+    /// `n` more output tokens went by.
+    pub fn tokens(&self, n: usize) {
+        if let Some(admission) = &self.admission {
+            admission.lock().tokens(self.id, n);
+        }
+    }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(admission) = self.admission.take() {
             let mut st = admission.lock();
-            st.release(self.heavy);
+            st.release(self.id);
             st.dispatch(&admission);
         }
     }
@@ -137,7 +234,6 @@ impl Admission {
     pub fn new(limits: Limits) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
-                limits,
                 capacity: None,
                 active: 0,
                 heavy_active: 0,
@@ -145,11 +241,18 @@ impl Admission {
                 next_id: 0,
                 drain: DrainRate::default(),
                 ready_wakers: Vec::new(),
+                flights: HashMap::new(),
+                prefill_tokens: 0,
+                fair: Fairness::default(),
+                model: CostModel::new(&limits.cost),
+                history: History::default(),
+                output_share: super::predictive::OUTPUT_SHARE_SEED,
+                limits,
             }),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // The state stays consistent between statements, so a panic elsewhere never leaves it
         // half-updated: keep going with it.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -165,6 +268,10 @@ impl Admission {
     /// sheds its newest waiters (batch first) with `overloaded`.
     pub fn set_limits(self: &Arc<Self>, limits: Limits) {
         let mut st = self.lock();
+        if st.limits.cost != limits.cost {
+            // A new calibration: the fit starts again from it.
+            st.model = CostModel::new(&limits.cost);
+        }
         st.limits = limits;
         while st.waiters.len() > st.limits.queue_depth {
             let victim = st
@@ -203,12 +310,19 @@ impl Admission {
         ok
     }
 
-    /// An arrival: a slot now, a queue place, or `overloaded`.
+    /// An arrival: a slot now, a queue place, `overloaded`, or (predictive) a refusal at once
+    /// when its deadline cannot be met.
     pub fn arrive(self: &Arc<Self>, ticket: Ticket) -> Result<Arrival, GatewayError> {
         let mut st = self.lock();
         let heavy = ticket.prompt_tokens > st.limits.heavy_input_tokens;
-        if st.can_run(ticket.class, heavy) {
-            return Ok(Arrival::Granted(st.grant(self, heavy)));
+        st.backlogged(&ticket);
+        let (_, predicted) = st.judge(&ticket)?;
+        st.fair.seen(ticket.class, &ticket.tenant);
+        if st.may_run(&ticket, heavy) {
+            let arrived = Instant::now();
+            return Ok(Arrival::Granted(
+                st.grant(self, &ticket, heavy, arrived, predicted),
+            ));
         }
         if st.waiters.len() >= st.limits.queue_depth {
             let evict = match ticket.class {
@@ -230,6 +344,9 @@ impl Admission {
             id,
             class: ticket.class,
             heavy,
+            ticket,
+            arrived: Instant::now(),
+            predicted,
             tx,
         });
         Ok(Arrival::Queued {
@@ -237,6 +354,21 @@ impl Admission {
             rx,
             deadline: Instant::now() + st.limits.queue_wait_max,
         })
+    }
+
+    /// Re-checks waiter `id`'s deadline: `Some(deadline_unmeetable)` (and out of the queue)
+    /// once its prediction misses it.
+    pub fn recheck(&self, id: u64) -> Option<GatewayError> {
+        let mut st = self.lock();
+        let err = st.recheck(id)?;
+        st.waiters.retain(|w| w.id != id);
+        st.wake_ready();
+        Some(err)
+    }
+
+    /// The cost model's coefficients, the prediction error and the recent pairs.
+    pub fn prediction(&self) -> super::predictive::PredictionView {
+        self.lock().prediction_view()
     }
 
     /// Takes waiter `id` out of the queue (it timed out or its client went away); false when it
@@ -276,15 +408,40 @@ impl Admission {
             queued_batch: batch,
             active_max: st.active_max(),
             queue_depth: st.limits.queue_depth,
+            prefill_tokens: st.prefill_tokens,
+            prefill_tokens_max: st.limits.prefill_tokens_max,
         }
     }
 }
 
 impl State {
     /// The ceiling in force: the policy's, lowered by the upstream's capacity.
-    fn active_max(&self) -> usize {
+    pub(super) fn active_max(&self) -> usize {
         self.capacity
             .map_or(self.limits.active_max, |c| c.min(self.limits.active_max))
+    }
+
+    /// Whether a request of `tenant` may take a slot and `prompt` prefill tokens now.
+    pub(super) fn may_run(&self, ticket: &Ticket, heavy: bool) -> bool {
+        if !(self.can_run(ticket.class, heavy) && self.fits_budget(ticket.prompt_tokens)) {
+            return false;
+        }
+        let others = self.fair.others_present(ticket.class, &ticket.tenant);
+        if others == 0 {
+            return true;
+        }
+        // Room for the other tenants: not the last slot, not past half the prefill budget.
+        let (slots, prefill) = self
+            .flights
+            .values()
+            .filter(|f| f.class == ticket.class && f.tenant == ticket.tenant)
+            .fold((0, 0), |(n, p), f| {
+                (n + 1, p + if f.first.is_none() { f.prompt } else { 0 })
+            });
+        let slot_ok = slots < self.active_max().saturating_sub(others).max(1);
+        let prefill_ok =
+            prefill == 0 || prefill + ticket.prompt_tokens <= self.limits.prefill_tokens_max / 2;
+        slot_ok && prefill_ok
     }
 
     fn can_run(&self, class: Class, heavy: bool) -> bool {
@@ -299,43 +456,70 @@ impl State {
         slot && (!heavy || self.heavy_active < self.limits.heavy_active_max)
     }
 
-    fn grant(&mut self, admission: &Arc<Admission>, heavy: bool) -> Permit {
+    /// Whether `prompt` more tokens fit the prefill budget (alone, any prompt does).
+    pub(super) fn fits_budget(&self, prompt: usize) -> bool {
+        self.prefill_tokens == 0 || self.prefill_tokens + prompt <= self.limits.prefill_tokens_max
+    }
+
+    fn grant(
+        &mut self,
+        admission: &Arc<Admission>,
+        ticket: &Ticket,
+        heavy: bool,
+        arrived: Instant,
+        predicted: Duration,
+    ) -> Permit {
         self.active += 1;
         self.heavy_active += usize::from(heavy);
+        let id = self.next_id;
+        self.next_id += 1;
+        self.start_flight(id, ticket, heavy, arrived, predicted);
         Permit {
             admission: Some(admission.clone()),
+            id,
             heavy,
             granted_at: Instant::now(),
+            predicted,
         }
     }
 
-    fn release(&mut self, heavy: bool) {
+    fn release(&mut self, id: u64) {
         self.active -= 1;
-        self.heavy_active -= usize::from(heavy);
+        self.end_flight(id);
         self.drain.record(Instant::now());
     }
 
-    /// Grants slots to waiters until none can run: interactive first, then batch.
+    /// Where a waiter stands in the grant order: by class, then its tenant's counter, then
+    /// arrival.
+    pub(super) fn order(&self, class: Class, tenant: &str, id: u64) -> (bool, f64, u64) {
+        (class == Class::Batch, self.fair.counter(class, tenant), id)
+    }
+
+    /// Grants slots to waiters until none can run: interactive first, then batch; within a
+    /// class the least-served tenant first, FIFO within a tenant.
     fn dispatch(&mut self, admission: &Arc<Admission>) {
-        for class in [Class::Interactive, Class::Batch] {
-            let mut i = 0;
-            while i < self.waiters.len() {
-                let w = &self.waiters[i];
-                if w.class != class || !self.can_run(w.class, w.heavy) {
-                    i += 1;
-                    continue;
-                }
-                let Some(w) = self.waiters.remove(i) else {
-                    break;
-                };
-                let permit = self.grant(admission, w.heavy);
-                if let Err(Ok(mut permit)) = w.tx.send(Ok(permit)) {
-                    // The waiter is gone (its client left): undo the grant here, under the
-                    // lock, instead of letting the permit's drop take the lock again.
-                    permit.admission = None;
-                    self.active -= 1;
-                    self.heavy_active -= usize::from(permit.heavy);
-                }
+        loop {
+            let next = self
+                .waiters
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| self.may_run(&w.ticket, w.heavy))
+                .min_by(|(_, a), (_, b)| {
+                    self.order(a.class, &a.ticket.tenant, a.id)
+                        .partial_cmp(&self.order(b.class, &b.ticket.tenant, b.id))
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                })
+                .map(|(i, _)| i);
+            let Some(w) = next.and_then(|i| self.waiters.remove(i)) else {
+                break;
+            };
+            let permit = self.grant(admission, &w.ticket, w.heavy, w.arrived, w.predicted);
+            if let Err(Ok(mut permit)) = w.tx.send(Ok(permit)) {
+                // The waiter is gone (its client left): undo the grant here, under the
+                // lock, instead of letting the permit's drop take the lock again.
+                permit.admission = None;
+                self.active -= 1;
+                self.cancel_flight(permit.id);
             }
         }
         self.wake_ready();

@@ -1,5 +1,5 @@
-//! The admission service: takes a slot (waiting in the queue if need be), then calls the
-//! upstream and moves the slot into the response body.
+//! The admission service: takes a slot (waiting in the queue if need be, or refused when its
+//! deadline cannot be met), then calls the upstream and moves the slot into the response body.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -13,12 +13,52 @@ use super::wait::acquire;
 use crate::body::GatewayBody;
 use crate::error::GatewayError;
 use crate::middleware::auth::Caller;
+use crate::middleware::cap::MaxTokens;
 use crate::middleware::count::PromptTokens;
+use crate::middleware::parse::Json;
 use crate::telemetry::{Metrics, QueueOutcome, RequestRecord, UpstreamTrace};
 use crate::BoxFuture;
 
 /// The response header with the time spent queued, in whole milliseconds.
 pub const QUEUE_MS_HEADER: &str = "x-sluice-queue-ms";
+/// The response header with the time to first token predicted on arrival, in milliseconds.
+pub const PREDICTED_TTFT_MS_HEADER: &str = "x-sluice-predicted-ttft-ms";
+/// The request header that lowers (never raises) the class's TTFT deadline, in milliseconds.
+pub const DEADLINE_MS_HEADER: &str = "x-sluice-ttft-deadline-ms";
+
+/// What `req` asks admission for: its caller's class and tenant, its prompt and output
+/// budget, whether it streams, and the deadline it asks for (400 when that is not a positive
+/// whole number of milliseconds).
+fn ticket<B: 'static>(req: &Request<B>) -> Result<Ticket, GatewayError> {
+    let caller = req.extensions().get::<Caller>();
+    let deadline = match req.headers().get(DEADLINE_MS_HEADER) {
+        None => None,
+        Some(v) => {
+            let ms = v
+                .to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .filter(|ms| *ms > 0)
+                .ok_or_else(|| GatewayError::InvalidRequest {
+                    param: Some(DEADLINE_MS_HEADER.into()),
+                    code: Some("invalid_header".into()),
+                    message: format!(
+                        "{DEADLINE_MS_HEADER}: {v:?} is not a positive whole number of milliseconds"
+                    ),
+                })?;
+            Some(std::time::Duration::from_millis(ms))
+        }
+    };
+    let json = (req.body() as &dyn std::any::Any).downcast_ref::<Json>();
+    Ok(Ticket {
+        class: caller.map(|c| c.class).unwrap_or_default(),
+        prompt_tokens: req.extensions().get::<PromptTokens>().map_or(0, |p| p.0),
+        tenant: Arc::from(caller.map_or("anonymous", Caller::name)),
+        max_tokens: req.extensions().get::<MaxTokens>().map_or(128, |m| m.0),
+        deadline,
+        stream: json.is_none_or(|j| j.value.get("stream") == Some(&serde_json::Value::Bool(true))),
+    })
+}
 
 /// How long a request waited for its slot (a request extension, set once admitted).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,13 +105,9 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let ticket = Ticket {
-            class: req
-                .extensions()
-                .get::<Caller>()
-                .map(|c| c.class)
-                .unwrap_or_default(),
-            prompt_tokens: req.extensions().get::<PromptTokens>().map_or(0, |p| p.0),
+        let ticket = match ticket(&req) {
+            Ok(t) => t,
+            Err(e) => return Box::pin(async move { Err(e) }),
         };
         let admission = self.admission.clone();
         let metrics = self.metrics.clone();
@@ -107,6 +143,10 @@ where
             parts.headers.insert(
                 QUEUE_MS_HEADER,
                 HeaderValue::from(admitted.queued.as_millis() as u64),
+            );
+            parts.headers.insert(
+                PREDICTED_TTFT_MS_HEADER,
+                HeaderValue::from(admitted.permit.predicted().as_millis() as u64),
             );
             let body = slot_body(body, admitted.permit, metrics);
             Ok(Response::from_parts(parts, body))

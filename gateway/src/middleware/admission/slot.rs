@@ -17,16 +17,21 @@ pub fn slot_body(inner: GatewayBody, permit: Permit, metrics: Arc<Metrics>) -> G
         Slot {
             permit: Some(permit),
             metrics,
+            first: false,
         },
     )
     .boxed_unsync()
 }
 
-/// The held slot; freeing it records the upstream duration (slot granted → last byte).
+/// The held slot; its first bytes end the prefill (and time it), each chunk's tokens are
+/// counted (for the tenant's fair share and the decode fit); freeing it records the upstream
+/// duration (slot granted → last byte).
 #[derive(Debug)]
 struct Slot {
     permit: Option<Permit>,
     metrics: Arc<Metrics>,
+    /// The first token went by (the prefill budget was given back).
+    first: bool,
 }
 
 impl Slot {
@@ -39,7 +44,30 @@ impl Slot {
     }
 }
 
+/// Stream chunks that carry a choice (one generated token each from the bundled engine; the
+/// usage chunk's `"choices":[]` does not count).
+const TOKEN_CHUNK: &[u8] = b"\"choices\":[{";
+
 impl Tap for Slot {
+    fn data(&mut self, data: &bytes::Bytes) {
+        let Some(p) = &self.permit else { return };
+        if !self.first {
+            self.first = true;
+            if let Some(pair) = p.first_token() {
+                self.metrics
+                    .ttft_prediction_error
+                    .observe_value(pair.relative_error().abs());
+            }
+        }
+        let n = data
+            .windows(TOKEN_CHUNK.len())
+            .filter(|w| *w == TOKEN_CHUNK)
+            .count();
+        if n > 0 {
+            p.tokens(n);
+        }
+    }
+
     fn ended(&mut self, _result: Result<(), &BoxError>) {
         self.release();
     }

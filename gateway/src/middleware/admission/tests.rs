@@ -16,28 +16,23 @@ use crate::middleware::auth::Caller;
 use crate::middleware::count::PromptTokens;
 use crate::policy::Class;
 
+/// The count-based rules alone (prediction off, a budget no prompt here reaches).
 fn limits(active_max: usize, queue_depth: usize) -> Limits {
     Limits {
         active_max,
         queue_depth,
-        queue_wait_max: Duration::from_secs(60),
-        heavy_input_tokens: 4096,
-        heavy_active_max: 1,
+        predictive: false,
+        prefill_tokens_max: 1 << 20,
+        ..Limits::from(&crate::policy::Admission::default())
     }
 }
 
 fn interactive(tokens: usize) -> Ticket {
-    Ticket {
-        class: Class::Interactive,
-        prompt_tokens: tokens,
-    }
+    Ticket::new(Class::Interactive, tokens)
 }
 
 fn batch() -> Ticket {
-    Ticket {
-        class: Class::Batch,
-        prompt_tokens: 10,
-    }
+    Ticket::new(Class::Batch, 10)
 }
 
 /// Starts `acquire` on a task; its result arrives on the returned channel.

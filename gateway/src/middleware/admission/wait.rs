@@ -1,5 +1,6 @@
-//! Waiting in the queue: until a slot is granted, the queue sheds the waiter, the deadline
-//! passes, or the client goes away (the future is dropped, which leaves the queue).
+//! Waiting in the queue: until a slot is granted, the queue sheds the waiter, its prediction
+//! misses its TTFT deadline (re-checked every [`RECHECK_EVERY`]), `queue_wait_max` passes, or
+//! the client goes away (the future is dropped, which leaves the queue).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,9 @@ use tokio::time::Instant;
 
 use super::queue::{Admission, Arrival, Permit, Ticket};
 use crate::error::GatewayError;
+
+/// How often a waiter re-checks its deadline against its prediction.
+pub const RECHECK_EVERY: Duration = Duration::from_millis(250);
 
 /// A slot, and how long the request waited for it.
 #[derive(Debug)]
@@ -34,16 +38,28 @@ pub async fn acquire(admission: Arc<Admission>, ticket: Ticket) -> Result<Admitt
         id,
         rx: Some(rx),
     };
-    let answer = match tokio::time::timeout_at(deadline, place.rx()).await {
-        Ok(answer) => answer,
-        Err(_elapsed) if place.admission.leave(id) => {
-            place.rx = None;
-            return Err(GatewayError::QueueTimeout {
-                waited: arrived.elapsed(),
-            });
+    let answer = loop {
+        let recheck = tokio::time::sleep(RECHECK_EVERY);
+        tokio::select! {
+            biased;
+            answer = place.rx() => break answer,
+            () = tokio::time::sleep_until(deadline) => {
+                if place.admission.leave(id) {
+                    place.rx = None;
+                    return Err(GatewayError::QueueTimeout {
+                        waited: arrived.elapsed(),
+                    });
+                }
+                // Granted or shed just as the deadline passed: the answer is in the channel.
+                break place.rx().await;
+            }
+            () = recheck => {
+                if let Some(e) = place.admission.recheck(id) {
+                    place.rx = None;
+                    return Err(e);
+                }
+            }
         }
-        // Granted or shed just as the deadline passed: the answer is in the channel.
-        Err(_elapsed) => place.rx().await,
     };
     place.rx = None;
     let permit = answer?;

@@ -1,0 +1,43 @@
+//! A request holding a slot, as admission follows it: its prompt, what was predicted for it,
+//! and when its first and later tokens went by (the cost model learns from these).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::policy::Class;
+
+#[derive(Clone, Debug)]
+pub(super) struct Flight {
+    pub class: Class,
+    pub tenant: Arc<str>,
+    pub prompt: usize,
+    /// Counted in the heavy lane until its prefill ends.
+    pub heavy: bool,
+    pub max_tokens: usize,
+    pub stream: bool,
+    /// Arrival at admission, and the slot's grant.
+    pub arrived: Instant,
+    pub granted: Instant,
+    /// Predicted on arrival: arrival → first token.
+    pub predicted: Duration,
+    /// Predicted at the grant: grant → first token, and the own prefill within it (s).
+    pub predicted_upstream: f64,
+    pub own_prefill: f64,
+    /// Other flights' context (tokens) at the grant.
+    pub context_at_grant: usize,
+    pub first: Option<Instant>,
+    /// Flights and their context when the first token came.
+    pub running_at_first: usize,
+    pub context_at_first: usize,
+    /// Output tokens seen so far.
+    pub tokens: usize,
+}
+
+impl Flight {
+    /// Tokens of context it holds in the upstream now.
+    pub fn context(&self) -> usize {
+        self.prompt + self.tokens
+    }
+}

@@ -1,0 +1,163 @@
+//! The upstream's cost model: two functions, fitted online.
+//!
+//! - **Prefill** of a prompt of `p` tokens while `c` tokens of other sequences' context are
+//!   running: `base + a·k + b·k² + r·k·(c/10⁴)` seconds, `k = p/1000`. The linear term is the
+//!   weights, the square the attention over the prompt itself, the last the decode rows of the
+//!   running sequences that a chunked prefill carries in every step.
+//! - **Decode step** with `n` sequences running over `c` tokens of context:
+//!   `base + s·n + q·(c/10⁴)` seconds per token of each sequence.
+//!
+//! Both start at the policy's `[admission.cost]` (written by `sluice-load calibrate`) and are
+//! refitted from every stream the gateway watches: its upstream time to first token (prefill)
+//! and its mean gap between tokens (decode).
+
+use super::fit::OnlineFit;
+use crate::policy::Cost;
+
+/// Prefill features: `[1, k, k², k·c]`.
+pub const PREFILL_TERMS: [&str; 4] = ["base", "per_1k", "per_1k_squared", "per_1k_per_10k_running"];
+/// Decode features: `[1, n, c]`.
+pub const DECODE_TERMS: [&str; 3] = ["base", "per_seq", "per_10k_context"];
+
+/// The two fits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostModel {
+    prefill: OnlineFit<4>,
+    decode: OnlineFit<3>,
+    refit: bool,
+}
+
+fn prefill_x(prompt: usize, running_context: usize) -> [f64; 4] {
+    let k = prompt as f64 / 1000.0;
+    let c = running_context as f64 / 10_000.0;
+    [1.0, k, k * k, k * c]
+}
+
+fn decode_x(running: usize, context: usize) -> [f64; 3] {
+    [1.0, running as f64, context as f64 / 10_000.0]
+}
+
+impl CostModel {
+    /// The model seeded from the policy (milliseconds there, seconds here).
+    pub fn new(seed: &Cost) -> Self {
+        let ms = |v: f64| v / 1000.0;
+        let prefill = [
+            ms(seed.prefill_base_ms),
+            ms(seed.prefill_ms_per_1k),
+            ms(seed.prefill_ms_per_1k_squared),
+            ms(seed.prefill_ms_per_1k_per_10k_running),
+        ];
+        let decode = [
+            ms(seed.decode_base_ms),
+            ms(seed.decode_ms_per_seq),
+            ms(seed.decode_ms_per_10k_context),
+        ];
+        // Each coefficient may be off by its own size, or by a floor for a zero seed.
+        let spread = |v: f64, floor: f64| v.max(floor);
+        Self {
+            prefill: OnlineFit::new(
+                prefill,
+                [
+                    spread(prefill[0], 0.05),
+                    spread(prefill[1], 0.5),
+                    spread(prefill[2], 0.1),
+                    spread(prefill[3], 0.1),
+                ],
+            ),
+            decode: OnlineFit::new(
+                decode,
+                [
+                    spread(decode[0], 0.01),
+                    spread(decode[1], 0.005),
+                    spread(decode[2], 0.01),
+                ],
+            ),
+            refit: seed.refit,
+        }
+    }
+
+    /// Seconds to prefill `prompt` tokens beside `running_context` tokens of running sequences.
+    pub fn prefill(&self, prompt: usize, running_context: usize) -> f64 {
+        self.prefill
+            .predict(&prefill_x(prompt, running_context))
+            .max(0.0)
+    }
+
+    /// Seconds per decode step with `running` sequences over `context` tokens.
+    pub fn decode_step(&self, running: usize, context: usize) -> f64 {
+        self.decode.predict(&decode_x(running, context)).max(1e-4)
+    }
+
+    /// A prefill took `seconds`.
+    pub fn observe_prefill(&mut self, prompt: usize, running_context: usize, seconds: f64) {
+        if self.refit {
+            // Timing noise grows with the time measured: 20% of it, at least 20 ms.
+            let noise = (0.2 * seconds).max(0.02);
+            self.prefill
+                .observe(&prefill_x(prompt, running_context), seconds, noise);
+        }
+    }
+
+    /// Decode steps took `seconds` each on average.
+    pub fn observe_decode(&mut self, running: usize, context: usize, seconds: f64) {
+        if self.refit {
+            let noise = (0.2 * seconds).max(0.002);
+            self.decode
+                .observe(&decode_x(running, context), seconds, noise);
+        }
+    }
+
+    /// The coefficients in seconds, named as in [`PREFILL_TERMS`] and [`DECODE_TERMS`].
+    pub fn parameters(&self) -> Parameters {
+        Parameters {
+            prefill: self.prefill.coefficients(),
+            decode: self.decode.coefficients(),
+            prefill_observations: self.prefill.observations(),
+            decode_observations: self.decode.observations(),
+        }
+    }
+}
+
+/// The model's coefficients (seconds) and how many observations shaped them.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Parameters {
+    pub prefill: [f64; 4],
+    pub decode: [f64; 3],
+    pub prefill_observations: u64,
+    pub decode_observations: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeded_from_the_policy_then_refitted() {
+        let seed = Cost::default();
+        let mut m = CostModel::new(&seed);
+        let cold = m.prefill(256, 0);
+        let expect = (seed.prefill_base_ms
+            + 0.256 * seed.prefill_ms_per_1k
+            + 0.256 * 0.256 * seed.prefill_ms_per_1k_squared)
+            / 1000.0;
+        assert!((cold - expect).abs() < 1e-9, "{cold} vs {expect}");
+        // An upstream whose prefill is 3 s per 1K tokens, plus 0.1 s.
+        for i in 0..300 {
+            let p = [256, 1024, 4096, 8192][i % 4];
+            m.observe_prefill(p, 0, 0.1 + 3.0 * p as f64 / 1000.0);
+            m.observe_decode(1 + i % 4, 1000, 0.02 + 0.01 * (1 + i % 4) as f64);
+        }
+        let at_4k = m.prefill(4096, 0);
+        assert!((at_4k - 12.388).abs() < 0.6, "{at_4k}");
+        let step = m.decode_step(4, 1000);
+        assert!((step - 0.06).abs() < 0.005, "{step}");
+        assert_eq!(m.parameters().prefill_observations, 300);
+        // With refit off the seed stays.
+        let mut frozen = CostModel::new(&Cost {
+            refit: false,
+            ..Cost::default()
+        });
+        frozen.observe_prefill(4096, 0, 100.0);
+        assert_eq!(frozen.prefill(256, 0), cold);
+    }
+}

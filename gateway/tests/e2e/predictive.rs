@@ -1,0 +1,106 @@
+//! Predictive admission against the real bundled engine: a cold model admits a short request
+//! and says what it predicts, the model refits from real streams, and a deadline the engine
+//! cannot meet is refused at once with `Retry-After`.
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use sluice_gateway::policy::Policy;
+
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(series)?.strip_prefix(' ')?;
+        rest.trim().parse().ok()
+    })
+}
+
+fn stream(content: &str, max_tokens: usize) -> Value {
+    json!({"messages": [{"role": "user", "content": content}], "stream": true,
+           "max_tokens": max_tokens, "temperature": 0})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predictive_admission_on_the_real_engine() {
+    let _engine = crate::engine::exclusive().await;
+    let (sup, gw) = crate::engine::start(Policy::default(), Duration::from_secs(120)).await;
+    let c = gw.client();
+
+    // Cold: a short request is admitted and carries its prediction.
+    let sent = Instant::now();
+    let resp = c
+        .send("POST", "/v1/chat/completions", Some(&stream("Hello", 8)))
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let predicted: u64 = resp.headers()["x-sluice-predicted-ttft-ms"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("ms");
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("[DONE]"));
+    assert!(predicted < 2000, "cold prediction {predicted} ms");
+    eprintln!(
+        "cold: predicted {predicted} ms, whole answer {:?}",
+        sent.elapsed()
+    );
+
+    // Six more streams: the model refits from each.
+    for i in 0..6 {
+        let (status, _, v) = c
+            .post(
+                "/v1/chat/completions",
+                &stream(&format!("Count to {i}."), 16),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+    }
+    let (_, _, m) = c.json("GET", "/metrics", None).await;
+    let m = m.as_str().unwrap_or_default().to_owned();
+    let fitted = metric(
+        &m,
+        "sluice_cost_model_observations_total{model=\"prefill\"}",
+    );
+    assert!(fitted.is_some_and(|n| n >= 7.0), "{m}");
+    let median = metric(&m, "sluice_ttft_prediction_median_error_ratio");
+    assert!(median.is_some_and(f64::is_finite), "{m}");
+    eprintln!("after 7 streams: median error {median:?}");
+
+    // A long prompt prefills; a short one asking for 1 ms cannot be served in time: refused
+    // at once, with a Retry-After, never queued.
+    let long_prompt = "the quick brown fox jumps over the lazy dog ".repeat(250);
+    let long = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.post("/v1/chat/completions", &stream(&long_prompt, 4))
+                .await
+        })
+    };
+    assert!(
+        crate::common::eventually(Duration::from_secs(10), || gw
+            .app
+            .admission
+            .snapshot()
+            .prefill_tokens
+            > 1000)
+        .await,
+        "the long prompt is prefilling"
+    );
+    let strict = c.clone().with_header("x-sluice-ttft-deadline-ms", "1");
+    let asked = Instant::now();
+    let (status, headers, v) = strict.post("/v1/chat/completions", &stream("Hi", 4)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert_eq!(v["error"]["code"], "deadline_unmeetable", "{v}");
+    assert!(headers.contains_key("retry-after"));
+    assert!(asked.elapsed() < Duration::from_secs(1), "refused at once");
+    let (status, _, v) = long.await.expect("long");
+    assert_eq!(status, StatusCode::OK, "{v}");
+
+    // A deadline that is not a number is the client's mistake.
+    let bad = c.clone().with_header("x-sluice-ttft-deadline-ms", "soon");
+    let (status, _, v) = bad.post("/v1/chat/completions", &stream("Hi", 4)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["param"], "x-sluice-ttft-deadline-ms");
+    crate::engine::stop(sup, gw).await;
+}

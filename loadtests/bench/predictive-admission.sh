@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Issue 23, item 5: open-loop Poisson arrivals of the seed's mix (90% 256:128, 5% 4k:128,
+# 5% 8k:128) against one bundled engine, in three setups: (a) the engine directly, (b) the
+# gateway with count-based admission only, (c) the gateway with predictive admission. One JSON
+# per setup and rate, plus the gateway's /ui/stats after each run (predicted vs actual TTFT).
+#
+#   RATES="0.3 0.6 1.0" DUR=45s loadtests/bench/predictive-admission.sh
+#   python3 loadtests/bench/predictive-report.py loadtests/results/predictive
+#
+# Run it inside `flock /tmp/sluice-bench.lock` on a shared machine.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN=${BIN:-/work/target-admit/release}
+ENGINE_BIN=${ENGINE_BIN:-$BIN/sluice-engine}
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+OUT=${OUT:-loadtests/results/predictive}
+RATES=${RATES:-"0.3 0.6 1.0"}
+DUR=${DUR:-45s}
+SEED=${SEED:-20261201}
+SETUPS=${SETUPS:-"engine count predictive"}
+EPORT=18611
+GPORT=18612
+mkdir -p "$OUT"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+wait_ok() { for _ in $(seq 1 240); do curl -sf "$1" >/dev/null && return 0; sleep 0.5; done; echo "no answer from $1" >&2; return 1; }
+
+"$ENGINE_BIN" serve --ranks 3 --listen 127.0.0.1:$EPORT --model "$MODEL" >"$OUT/engine.log" 2>&1 &
+pids+=($!)
+wait_ok http://127.0.0.1:$EPORT/health
+
+policy() { # $1: predictive true|false
+  cat >"$OUT/policy.toml" <<TOML
+[server]
+listen = "127.0.0.1:$GPORT"
+open = true
+
+[admission]
+predictive = $1
+$(if [ "$1" = false ]; then echo "prefill_tokens_max = 1000000"; fi)
+
+[upstream]
+kind = "openai"
+urls = ["http://127.0.0.1:$EPORT"]
+tokenizer = "$MODEL"
+TOML
+}
+
+for setup in $SETUPS; do
+  url=http://127.0.0.1:$EPORT
+  gw=
+  if [ "$setup" != engine ]; then
+    if [ "$setup" = count ]; then policy false; else policy true; fi
+    "$BIN/sluice" serve --policy "$OUT/policy.toml" --plain-http --model "$MODEL" >"$OUT/gateway-$setup.log" 2>&1 &
+    gw=$!
+    pids+=($gw)
+    url=http://127.0.0.1:$GPORT
+    wait_ok $url/readyz
+  fi
+  for rate in $RATES; do
+    echo "== $setup at $rate req/s for $DUR" >&2
+    "$BIN/sluice-load" run --url $url --workload seed-mix --rate "$rate" --poisson \
+      --duration "$DUR" --timeout 90s --seed "$SEED" --json >"$OUT/$setup-$rate.json"
+    if [ -n "$gw" ]; then
+      curl -sf $url/ui/stats >"$OUT/$setup-$rate.stats.json"
+      curl -sf $url/metrics >"$OUT/$setup-$rate.metrics.txt"
+    fi
+  done
+  if [ -n "$gw" ]; then kill "$gw"; wait "$gw" 2>/dev/null || true; fi
+done
+uptime >"$OUT/uptime.txt"
