@@ -5,6 +5,7 @@ mod bundled;
 mod common;
 mod engine;
 mod faults;
+mod fields_count;
 mod hostile;
 mod otlp;
 mod peer;
