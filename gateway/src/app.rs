@@ -18,9 +18,10 @@ use crate::middleware::cap::Cap;
 use crate::middleware::check::CheckLayer;
 use crate::middleware::count::{CountLayer, TokenCounter};
 use crate::middleware::parse::ParseLayer;
-use crate::middleware::rate_limit::RateLimit;
+use crate::middleware::rate_limit::RateLimitLayer;
 use crate::middleware::request_id::RequestIdLayer;
 use crate::policy::PolicyStore;
+use crate::shared::{Shared, SharedCeilingLayer};
 use crate::telemetry::Metrics;
 
 /// The generation stack as one service.
@@ -33,6 +34,8 @@ pub struct App {
     pub admission: Arc<Admission>,
     pub upstream: Arc<dyn Upstream>,
     pub metrics: Arc<Metrics>,
+    /// The state shared with the deployment's other gateways (`[shared]`), when on.
+    pub shared: Option<Arc<Shared>>,
     /// The alerter, when one runs (its state is part of `/metrics`).
     pub alerter: Arc<OnceLock<Alerter>>,
     /// The model name clients see.
@@ -54,27 +57,24 @@ impl App {
                 }
             }
         });
-        // The upstream's own ceiling (replicas up and not saturated) lowers admission's.
-        if let Some(mut capacity) = upstream.capacity() {
-            let follower = Arc::downgrade(&admission);
-            tokio::spawn(async move {
-                loop {
-                    let c = *capacity.borrow_and_update();
-                    match follower.upgrade() {
-                        Some(admission) => admission.set_capacity(c),
-                        None => break,
-                    }
-                    if capacity.changed().await.is_err() {
-                        break;
-                    }
-                }
-            });
-        }
+        let shared = Shared::start(&policy.current().policy).unwrap_or_else(|e| {
+            tracing::error!("{e}: the shared state is off");
+            None
+        });
+        // The upstream's own ceiling (replicas up and not saturated) lowers admission's, and so
+        // does the gateway's share of a shared ceiling while Redis is away (`fail = "local"`).
+        crate::shared::capacity::follow(
+            &admission,
+            policy.clone(),
+            upstream.capacity(),
+            shared.clone(),
+        );
         Self {
             policy,
             admission,
             upstream,
             metrics: Arc::default(),
+            shared,
             alerter: Arc::default(),
             model,
         }
@@ -89,6 +89,8 @@ impl App {
 ///    request accepted and records its outcome.
 /// 2. **auth** ([`crate::middleware::auth`]): the API key → `Caller` (tenant, class); 401.
 /// 3. **rate limit** ([`crate::middleware::rate_limit`]): GCRA per tenant; reads `Caller`; 429.
+///    With `[shared]` the buckets are in Redis ([`crate::shared`]); 503
+///    `shared_state_unavailable` when it is away and `fail = "closed"`.
 /// 4. **parse** ([`crate::middleware::parse`]): body limit (413) and JSON (400); the request
 ///    becomes `Request<Json>`.
 /// 5. **count** ([`crate::middleware::count`]): prompt tokens with the model's tokenizer and
@@ -101,20 +103,29 @@ impl App {
 /// 7. **admission** ([`crate::middleware::admission`]): a slot among `active_max`, or a place
 ///    in the queue, or 503 `overloaded` / `queue_timeout`; reads `Caller` and `PromptTokens`;
 ///    the slot moves into the response body; adds `QueueTime`, `x-sluice-queue-ms`.
+///    Then the **shared ceiling** ([`crate::shared::hold`], with `[shared]` and an `openai`
+///    upstream): a lease on the deployment's `active_max`, waited for within the rest of
+///    `queue_wait_max`, held by the body; reads `Caller`, `QueueTime`; adds
+///    `x-sluice-shared-wait-ms`.
 /// 8. **forward** ([`crate::forward`]): to the upstream, streaming the response back; reads
 ///    `RequestTrace` (→ `traceparent`) and `PromptTokens` (→ `x-sluice-prompt-tokens`).
 pub fn stack(app: &App, counter: Arc<dyn TokenCounter>) -> Stack {
     let service = ServiceBuilder::new()
         .layer(RequestIdLayer::new(app.metrics.clone()))
         .layer(CheckLayer::new(Auth::new(app.policy.clone())))
-        .layer(CheckLayer::new(RateLimit::default()))
+        .layer(RateLimitLayer::new(app.shared.clone()))
         .layer(ParseLayer::new(app.policy.clone()))
         .layer(CountLayer::new(counter))
         .layer(CheckLayer::new(Cap::new(app.policy.clone())))
-        .layer(BudgetLayer::default())
+        .layer(BudgetLayer::new(app.shared.clone()))
         .layer(AdmissionLayer::new(
             app.admission.clone(),
             app.metrics.clone(),
+        ))
+        .layer(SharedCeilingLayer::new(
+            app.shared.clone(),
+            app.admission.clone(),
+            app.policy.clone(),
         ))
         .service(Forward::new(app.upstream.clone(), app.policy.clone()));
     BoxCloneSyncService::new(service)

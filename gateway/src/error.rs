@@ -72,6 +72,9 @@ pub enum GatewayError {
     QueueTimeout { waited: Duration },
     #[error("the engine is not available: {0}")]
     EngineUnavailable(String),
+    /// `[shared] fail = "closed"` and Redis is unreachable or slower than `shared.timeout`.
+    #[error("the state shared between gateways is unavailable ({0}); [shared] fail = \"closed\" refuses requests until it is back")]
+    SharedStateUnavailable(String),
     #[error("the upstream failed: {0}")]
     Upstream(String),
     #[error("the upstream sent nothing for {0:?}")]
@@ -157,15 +160,15 @@ impl GatewayError {
                 "overloaded",
                 Debug,
             ),
-            UpstreamBusy { .. } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded_error",
             DeadlineUnmeetable { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "overloaded_error",
                 "deadline_unmeetable",
                 Debug,
             ),
+            UpstreamBusy { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded_error",
                 "overloaded",
                 Info,
             ),
@@ -179,6 +182,12 @@ impl GatewayError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "engine_unavailable",
                 "engine_unavailable",
+                Warn,
+            ),
+            SharedStateUnavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shared_state_unavailable",
+                "shared_state_unavailable",
                 Warn,
             ),
             Upstream(_) => (
@@ -238,8 +247,11 @@ impl GatewayError {
             Self::RateLimited { retry_after, .. }
             | Self::TokenBudget { retry_after, .. }
             | Self::Overloaded { retry_after, .. }
+            | Self::DeadlineUnmeetable { retry_after, .. }
             | Self::UpstreamBusy { retry_after } => Some(*retry_after),
-            Self::QueueTimeout { .. } | Self::EngineUnavailable(_) => Some(Duration::from_secs(1)),
+            Self::QueueTimeout { .. }
+            | Self::EngineUnavailable(_)
+            | Self::SharedStateUnavailable(_) => Some(Duration::from_secs(1)),
             _ => None,
         }
     }
@@ -247,7 +259,6 @@ impl GatewayError {
     /// The JSON body.
     pub fn to_json(&self) -> serde_json::Value {
         let class = self.class();
-            | Self::DeadlineUnmeetable { retry_after, .. }
         json!({
             "error": {
                 "message": self.to_string(),

@@ -7,6 +7,7 @@
 //! - [`policy`]: the policy file, its validation and reload.
 //! - [`predict`]: the upstream's cost model and the time-to-first-token prediction.
 //! - [`server`], [`routes`], [`tls`]: listening, routing, certificates.
+//! - [`shared`]: the ceiling, rate limits and budgets several gateways share through Redis.
 //! - [`bundled`]: the supervised bundled engine.
 //! - [`ui`]: the status page (`/ui`).
 
@@ -22,9 +23,10 @@ pub mod forward;
 pub mod fuzzing;
 pub mod middleware;
 pub mod policy;
-pub mod routes;
 pub mod predict;
+pub mod routes;
 pub mod server;
+pub mod shared;
 pub mod telemetry;
 pub mod tls;
 pub mod ui;

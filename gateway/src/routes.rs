@@ -112,6 +112,9 @@ impl Router {
             .metrics
             .render(&app.admission.snapshot(), &app.upstream.ranks());
         crate::telemetry::metrics::render_policy(&mut text, &app.policy.current());
+        if let Some(shared) = &app.shared {
+            crate::telemetry::metrics::render_shared(&mut text, &shared.report());
+        }
         crate::telemetry::metrics::render_prediction(&mut text, &app.admission.prediction());
         app.upstream.render_metrics(&mut text);
         if let Some(alerter) = app.alerter.get() {

@@ -13,13 +13,14 @@ use std::process::Command;
 
 /// The alerts `deploy/prometheus/rules/sluice.rules.yml` must define, each with a unit test that
 /// sees it fire and one that sees it stay quiet.
-const REQUIRED_ALERTS: [&str; 6] = [
+const REQUIRED_ALERTS: [&str; 7] = [
     "LoadShedding",
     "QueueWaitHigh",
     "TimeToFirstTokenHigh",
     "EngineRankDown",
     "KvPoolNearFull",
     "PolicyReloadFailed",
+    "SharedStateUnavailable",
 ];
 
 /// Series Prometheus makes itself for every target, not exported by Sluice.

@@ -99,6 +99,11 @@ fn every_condition_has_its_status_and_code() {
             "engine_unavailable",
         ),
         (
+            GatewayError::SharedStateUnavailable("x".into()),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shared_state_unavailable",
+        ),
+        (
             GatewayError::Upstream("x".into()),
             StatusCode::BAD_GATEWAY,
             "upstream_error",

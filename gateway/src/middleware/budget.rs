@@ -4,6 +4,12 @@
 //! to the real `prompt_tokens + completion_tokens` read from the response's `usage` (when the
 //! response carries one — a stream without `include_usage` keeps the full reservation).
 //! 429 `tokens_per_minute_exceeded` with `Retry-After`.
+//!
+//! With `[shared]`, the charges of every gateway of the deployment are kept in Redis
+//! ([`crate::shared::budget`]): one budget per tenant, charged and settled by atomic scripts.
+//! While Redis is unavailable, `fail = "local"` charges a local budget of the gateway's share
+//! (`tokens_per_minute / expected_replicas`) and `fail = "closed"` refuses with 503
+//! `shared_state_unavailable`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -21,6 +27,7 @@ use super::cap::MaxTokens;
 use super::count::PromptTokens;
 use crate::body::{GatewayBody, Tap, TapBody};
 use crate::error::GatewayError;
+use crate::shared::{budget as shared_budget, Shared};
 use crate::telemetry::UsageScanner;
 use crate::BoxFuture;
 
@@ -123,10 +130,65 @@ impl TokenBudgets {
     }
 }
 
+/// A charge, local or shared.
+#[derive(Debug)]
+enum Held {
+    Local(Charge),
+    Shared(shared_budget::Charge),
+}
+
+impl Held {
+    fn settle(&self, tokens: u64) {
+        match self {
+            Self::Local(c) => c.settle(tokens),
+            Self::Shared(c) => c.settle(tokens),
+        }
+    }
+}
+
+/// Charges `needed` tokens to `tenant`: in Redis when shared (by `fail` when it is not
+/// available), else locally.
+async fn charge(
+    budgets: &Arc<TokenBudgets>,
+    shared: Option<&Arc<Shared>>,
+    tenant: &str,
+    budget: u64,
+    needed: u64,
+) -> Result<Held, GatewayError> {
+    let Some(shared) = shared else {
+        return budgets.charge(tenant, budget, needed).map(Held::Local);
+    };
+    match shared.charge(tenant, budget, needed).await {
+        Ok(Ok(c)) => Ok(Held::Shared(c)),
+        Ok(Err(retry_after)) => Err(GatewayError::TokenBudget {
+            tenant: tenant.to_owned(),
+            budget,
+            needed,
+            retry_after,
+        }),
+        Err(why) => {
+            shared.on_unavailable(why)?;
+            let share = (budget / shared.share() as u64).max(1);
+            budgets.charge(tenant, share, needed).map(Held::Local)
+        }
+    }
+}
+
 /// The layer.
 #[derive(Clone, Debug, Default)]
 pub struct BudgetLayer {
     budgets: Arc<TokenBudgets>,
+    shared: Option<Arc<Shared>>,
+}
+
+impl BudgetLayer {
+    /// Budgets kept locally, or in Redis when `shared` is given.
+    pub fn new(shared: Option<Arc<Shared>>) -> Self {
+        Self {
+            budgets: Arc::default(),
+            shared,
+        }
+    }
 }
 
 impl<S> Layer<S> for BudgetLayer {
@@ -136,6 +198,7 @@ impl<S> Layer<S> for BudgetLayer {
         Budget {
             inner,
             budgets: self.budgets.clone(),
+            shared: self.shared.clone(),
         }
     }
 }
@@ -145,12 +208,17 @@ impl<S> Layer<S> for BudgetLayer {
 pub struct Budget<S> {
     inner: S,
     budgets: Arc<TokenBudgets>,
+    shared: Option<Arc<Shared>>,
 }
 
 impl<S, B> Service<Request<B>> for Budget<S>
 where
-    S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>,
+    S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
+    B: Send + 'static,
 {
     type Response = Response<GatewayBody>;
     type Error = GatewayError;
@@ -169,13 +237,13 @@ where
         };
         let prompt = ext.get::<PromptTokens>().map_or(0, |p| p.0) as u64;
         let max = ext.get::<MaxTokens>().map_or(0, |m| m.0) as u64;
-        let charge = match self.budgets.charge(&tenant.name, budget, prompt + max) {
-            Ok(c) => c,
-            Err(e) => return Box::pin(std::future::ready(Err(e))),
-        };
-        let fut = self.inner.call(req);
+        let (budgets, shared) = (self.budgets.clone(), self.shared.clone());
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
-            let resp = fut.await;
+            let needed = prompt + max;
+            let charge = charge(&budgets, shared.as_ref(), &tenant.name, budget, needed).await?;
+            let resp = inner.call(req).await;
             match resp {
                 Ok(resp) => Ok(resp.map(|b| {
                     let settle = Settle {
@@ -198,7 +266,7 @@ where
 /// Settles the charge to the usage the response carries, once it is over.
 #[derive(Debug)]
 struct Settle {
-    charge: Charge,
+    charge: Held,
     prompt: u64,
     usage: UsageScanner,
 }

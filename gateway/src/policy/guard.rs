@@ -9,7 +9,9 @@
 //!   `admin.api_key_sha256` replacing one with it needs `admin.disabled = true`. A file
 //!   truncated or emptied mid-save, or a stray edit, is refused instead of opening the gateway.
 //! - **Restart-only keys are held.** [`RESTART_KEYS`] are read once at start (the listener, its
-//!   certificate, the upstream's kind and addresses, the tokenizer, the trace exporter). A reload
+//!   certificate, the upstream's kind and addresses, the tokenizer, the trace exporter, the whole
+//!   `[shared]` table: a live switch of Redis, prefix or fail mode could split a deployment's
+//!   counts or turn `closed` into `local`, which widens access). A reload
 //!   that changes one keeps the running value in the policy in force and reports the key as
 //!   needing a restart; the rest of the file applies.
 //!
@@ -56,6 +58,12 @@ restart_keys!(
     traces.endpoint,
     traces.protocol,
     traces.service_name,
+    shared.redis_url,
+    shared.prefix,
+    shared.lease_ttl,
+    shared.timeout,
+    shared.fail,
+    shared.expected_replicas,
 );
 
 /// The rules, for a gateway listening on `listen` (the address it really bound, `--listen`

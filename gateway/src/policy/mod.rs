@@ -25,6 +25,7 @@ pub use guard::Guard;
 pub use load::{check_file, LoadedPolicy, PolicyError};
 pub use reload::{spawn_reloader, ReloadHandle};
 pub use schema::{
-    Admin, Admission, Alerts, Class, Cost, Limits, Policy, Server, Tenant, Traces, Upstream, UpstreamKind,
+    Admin, Admission, Alerts, Class, Cost, Limits, Policy, Server, Shared, SharedFail, Tenant,
+    Traces, Upstream, UpstreamKind,
 };
 pub use store::PolicyStore;

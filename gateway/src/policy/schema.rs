@@ -20,6 +20,7 @@ pub struct Policy {
     pub alerts: Alerts,
     pub traces: Traces,
     pub admin: Admin,
+    pub shared: Shared,
 }
 
 /// `[server]`: where and how the gateway listens.
@@ -402,4 +403,51 @@ pub struct Admin {
     /// The admin endpoints are off on purpose: what a reload that drops `api_key_sha256` must
     /// say (see `policy::guard`).
     pub disabled: bool,
+}
+
+/// What a gateway does while its `[shared]` Redis is unreachable or slower than `timeout`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SharedFail {
+    /// Each gateway falls back to its share: `active_max / expected_replicas` slots and each
+    /// tenant's rate and budget divided by `expected_replicas`, counted locally.
+    #[default]
+    Local,
+    /// Every request that needs the shared state is refused: 503 `shared_state_unavailable`.
+    Closed,
+}
+
+/// `[shared]`: the state several gateway replicas share through one Redis (the upstream's
+/// ceiling, tenants' rate limits and token budgets; see `docs/operations.md`). No `redis_url`:
+/// off, each gateway counts alone. Read at start: a change needs a restart.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Shared {
+    /// `redis://host:port[/db]` (`redis://:password@host:port` for `requirepass`).
+    pub redis_url: Option<String>,
+    /// The key prefix every gateway of one deployment shares (and no other deployment uses).
+    pub prefix: String,
+    /// How long a slot's lease lives without renewal: what a killed gateway's slots take to
+    /// come back (renewed every third of it while the request runs).
+    #[serde(with = "super::duration")]
+    pub lease_ttl: Duration,
+    /// The longest any Redis call may take; slower counts as unavailable (`fail` applies).
+    #[serde(with = "super::duration")]
+    pub timeout: Duration,
+    pub fail: SharedFail,
+    /// Gateways in the deployment: each one's share while Redis is unavailable.
+    pub expected_replicas: usize,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            redis_url: None,
+            prefix: "sluice".into(),
+            lease_ttl: Duration::from_secs(5),
+            timeout: Duration::from_millis(50),
+            fail: SharedFail::Local,
+            expected_replicas: 2,
+        }
+    }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use http::Uri;
 
 use super::load::PolicyError;
+use super::schema::Shared;
 use super::schema::{
     Admin, Admission, Alerts, Limits, Policy, Server, Tenant, Traces, Upstream, UpstreamKind,
 };
@@ -36,6 +37,13 @@ pub const ALERT_WINDOW_MAX: Duration = Duration::from_secs(24 * 3600);
 pub const ALERT_EVALUATE_MIN: Duration = Duration::from_millis(100);
 /// The most samples of the counters one `alerts.window` may hold (`window / evaluate_every`).
 pub const ALERT_SAMPLES_MAX: u128 = 20_000;
+
+/// `shared.lease_ttl` range: long enough to renew a lease (every third of it) through a slow
+/// moment, short enough that a killed gateway's slots come back soon.
+pub const LEASE_TTL_MIN: Duration = Duration::from_millis(500);
+pub const LEASE_TTL_MAX: Duration = Duration::from_secs(60);
+/// The longest `shared.timeout`: a request never waits longer than this on Redis.
+pub const SHARED_TIMEOUT_MAX: Duration = Duration::from_secs(1);
 
 /// One broken rule: the key it is about and what is wrong with it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,6 +90,7 @@ pub fn problems(p: &Policy) -> Vec<Problem> {
     alerts(&p.alerts, &mut out);
     traces(&p.traces, &mut out);
     admin(&p.admin, &mut out);
+    shared(&p.shared, &mut out);
     out.0
 }
 
@@ -602,4 +611,49 @@ fn alertmanager_url(s: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+fn shared(sh: &Shared, out: &mut Problems) {
+    if let Some(url) = &sh.redis_url {
+        if !(url.starts_with("redis://") || url.starts_with("unix://")) {
+            out.add(
+                "shared.redis_url",
+                format!(
+                    "{url:?} is not a redis:// or unix:// URL (rediss:// is not built in: put \
+                     Redis on a private network, or behind a local TLS tunnel)"
+                ),
+            );
+        } else if let Err(e) = redis::IntoConnectionInfo::into_connection_info(url.as_str()) {
+            out.add("shared.redis_url", e.to_string());
+        }
+    }
+    let bad = |c: char| c.is_whitespace() || c.is_control() || c == '{' || c == '}';
+    if sh.prefix.is_empty() || sh.prefix.len() > 64 || sh.prefix.contains(bad) {
+        out.add(
+            "shared.prefix",
+            "must be 1 to 64 characters, without spaces or braces (it becomes a Redis hash tag)",
+        );
+    }
+    if sh.lease_ttl < LEASE_TTL_MIN {
+        out.add(
+            "shared.lease_ttl",
+            format!(
+                "must be at least {}",
+                humantime::format_duration(LEASE_TTL_MIN)
+            ),
+        );
+    }
+    out.duration("shared.lease_ttl", sh.lease_ttl, LEASE_TTL_MAX, false);
+    out.duration("shared.timeout", sh.timeout, SHARED_TIMEOUT_MAX, false);
+    if sh.timeout * 3 > sh.lease_ttl {
+        out.add(
+            "shared.timeout",
+            "must be at most a third of shared.lease_ttl (a lease is renewed every third of it)",
+        );
+    }
+    out.positive(
+        "shared.expected_replicas",
+        sh.expected_replicas,
+        "gateways in the deployment",
+    );
 }

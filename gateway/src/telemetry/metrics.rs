@@ -336,6 +336,46 @@ pub fn render_policy(out: &mut String, loaded: &LoadedPolicy) {
     }
 }
 
+/// The state shared with the deployment's other gateways through Redis (`[shared]`).
+pub fn render_shared(out: &mut String, s: &crate::shared::Report) {
+    let gauges = [
+        (
+            "sluice_shared_state_up",
+            "Whether the shared state (Redis) is in use: 1; 0 while [shared] fail decides instead.",
+            u64::from(s.up),
+        ),
+        (
+            "sluice_shared_state_fail_closed",
+            "Whether [shared] fail = \"closed\" (requests refused while Redis is away): 1, else 0.",
+            u64::from(s.fail_closed),
+        ),
+        (
+            "sluice_shared_leases",
+            "Slots of the shared ceiling this gateway holds.",
+            s.leases as u64,
+        ),
+    ];
+    for (name, text, v) in gauges {
+        help(out, name, text, "gauge");
+        let _ = writeln!(out, "{name} {v}");
+    }
+    help(
+        out,
+        "sluice_shared_state_errors_total",
+        "Redis calls that failed or took longer than shared.timeout, by operation.",
+        "counter",
+    );
+    for (op, n) in &s.errors {
+        let _ = writeln!(out, "sluice_shared_state_errors_total{{op=\"{op}\"}} {n}");
+    }
+    counter(
+        out,
+        "sluice_shared_state_degraded_total",
+        "Decisions taken by [shared] fail (locally, or refused) while Redis was unavailable.",
+        s.degraded,
+    );
+}
+
 fn counter(out: &mut String, name: &str, text: &str, v: u64) {
     help(out, name, text, "counter");
     let _ = writeln!(out, "{name} {v}");

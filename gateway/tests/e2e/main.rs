@@ -14,4 +14,5 @@ mod reload;
 mod predictive;
 mod replicas;
 mod scripted;
+mod shared;
 mod upstream_faults;

@@ -52,7 +52,7 @@ async fn usage_in_the_response_settles_the_charge() {
         r#"data: {"choices":[],"usage":{"prompt_tokens":100,"completion_tokens": 7,"total_tokens":107}}"#,
     );
     let settle = Settle {
-        charge,
+        charge: Held::Local(charge),
         prompt: 100,
         usage: UsageScanner::default(),
     };
@@ -67,4 +67,51 @@ async fn usage_in_the_response_settles_the_charge() {
         .charge("alice", 1000, 893)
         .expect("settled to the real usage");
     assert!(budgets.charge("alice", 1000, 1).is_err());
+}
+
+/// The layer over a service that answers 200 with an empty body, for one request of
+/// `needed` prompt tokens from a tenant of `budget` tokens per minute.
+async fn through(layer: &BudgetLayer, budget: u64, needed: usize) -> Result<(), GatewayError> {
+    use tower::{Layer, ServiceExt};
+    let svc = layer.layer(tower::service_fn(|_req: Request<()>| async {
+        Ok::<_, GatewayError>(Response::new(body::full("")))
+    }));
+    let mut req = Request::new(());
+    let tenant = crate::policy::Tenant {
+        name: "alice".into(),
+        api_key_sha256: "0".repeat(64),
+        class: crate::policy::Class::Interactive,
+        requests_per_second: None,
+        burst: 1,
+        tokens_per_minute: Some(budget),
+    };
+    req.extensions_mut().insert(Caller {
+        tenant: Some(Arc::new(tenant)),
+        class: crate::policy::Class::Interactive,
+    });
+    req.extensions_mut().insert(PromptTokens(needed));
+    svc.oneshot(req).await.map(drop)
+}
+
+#[tokio::test(start_paused = true)]
+async fn redis_away_fail_local_charges_the_gateways_share_of_the_budget() {
+    let shared = crate::shared::testing::unreachable(crate::policy::SharedFail::Local);
+    let layer = BudgetLayer::new(Some(shared));
+    // 1,000 per minute over 2 replicas: 500 for this gateway alone.
+    through(&layer, 1000, 400).await.expect("first");
+    match through(&layer, 1000, 400).await {
+        Err(GatewayError::TokenBudget { budget, .. }) => assert_eq!(budget, 500),
+        other => panic!("expected 429, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn redis_away_fail_closed_refuses_with_shared_state_unavailable() {
+    let shared = crate::shared::testing::unreachable(crate::policy::SharedFail::Closed);
+    let layer = BudgetLayer::new(Some(shared));
+    let err = through(&layer, 1000, 10).await.expect_err("refused");
+    assert!(
+        matches!(err, GatewayError::SharedStateUnavailable(_)),
+        "{err:?}"
+    );
 }

@@ -85,3 +85,49 @@ fn a_new_quota_replaces_the_old_bucket() {
         check(&limit, &caller(Some(1.0), 5)).expect("new burst");
     }
 }
+
+/// The layer over a service that answers `()`, for one request of `c`.
+async fn through(layer: &RateLimitLayer, c: &Caller) -> Result<(), GatewayError> {
+    use tower::{Layer, ServiceExt};
+    let svc = layer.layer(tower::service_fn(|_req: Request<()>| async {
+        Ok::<_, GatewayError>(())
+    }));
+    let mut req = Request::new(());
+    req.extensions_mut().insert(c.clone());
+    svc.oneshot(req).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn redis_away_fail_local_takes_the_gateways_share_of_the_bucket() {
+    let shared = crate::shared::testing::unreachable(crate::policy::SharedFail::Local);
+    let layer = RateLimitLayer::new(Some(shared.clone()));
+    // 10/s with a burst of 4 over 2 replicas: this gateway alone gets 5/s and a burst of 2.
+    let c = caller(Some(10.0), 4);
+    through(&layer, &c).await.expect("first");
+    through(&layer, &c).await.expect("second");
+    match through(&layer, &c).await {
+        Err(GatewayError::RateLimited { retry_after, .. }) => {
+            assert!(retry_after <= Duration::from_millis(200), "{retry_after:?}");
+        }
+        other => panic!("expected 429, got {other:?}"),
+    }
+    assert_eq!(shared.report().degraded, 3);
+    // A tenant without a rate never needs the shared state.
+    through(&layer, &caller(None, 1)).await.expect("unlimited");
+    assert_eq!(shared.report().degraded, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn redis_away_fail_closed_refuses_with_shared_state_unavailable() {
+    let shared = crate::shared::testing::unreachable(crate::policy::SharedFail::Closed);
+    let layer = RateLimitLayer::new(Some(shared));
+    let err = through(&layer, &caller(Some(10.0), 4))
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(err, GatewayError::SharedStateUnavailable(_)),
+        "{err:?}"
+    );
+    assert_eq!(err.class().status, http::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(err.code(), "shared_state_unavailable");
+}

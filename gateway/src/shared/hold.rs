@@ -1,0 +1,140 @@
+//! The layer between admission and forward: a request that holds its local slot takes a lease
+//! on the upstream's shared ceiling (waiting for one within what is left of
+//! `admission.queue_wait_max`), and the response body holds the lease until its end, as it
+//! holds the local slot. Without `[shared]`, or with a bundled engine (each gateway's own), it
+//! passes requests through untouched.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{HeaderValue, Request, Response};
+use http_body_util::BodyExt;
+use tower::{Layer, Service, ServiceExt};
+
+use super::{Lease, Shared};
+use crate::body::{BoxError, GatewayBody, Tap, TapBody};
+use crate::error::GatewayError;
+use crate::middleware::admission::{Admission, QueueTime};
+use crate::middleware::auth::Caller;
+use crate::policy::PolicyStore;
+use crate::BoxFuture;
+
+/// The response header with the time spent waiting for the shared slot, in whole milliseconds
+/// (after `x-sluice-queue-ms` in the local queue).
+pub const SHARED_WAIT_HEADER: &str = "x-sluice-shared-wait-ms";
+
+/// The layer.
+#[derive(Clone, Debug)]
+pub struct SharedCeilingLayer {
+    shared: Option<Arc<Shared>>,
+    admission: Arc<Admission>,
+    policy: Arc<PolicyStore>,
+}
+
+impl SharedCeilingLayer {
+    pub fn new(
+        shared: Option<Arc<Shared>>,
+        admission: Arc<Admission>,
+        policy: Arc<PolicyStore>,
+    ) -> Self {
+        Self {
+            shared: shared.filter(|s| s.shares_ceiling()),
+            admission,
+            policy,
+        }
+    }
+}
+
+impl<S> Layer<S> for SharedCeilingLayer {
+    type Service = SharedCeiling<S>;
+
+    fn layer(&self, inner: S) -> SharedCeiling<S> {
+        SharedCeiling {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// Takes the shared slot, calls the inner service, moves the lease into the body.
+#[derive(Clone, Debug)]
+pub struct SharedCeiling<S> {
+    inner: S,
+    layer: SharedCeilingLayer,
+}
+
+impl<S, B> Service<Request<B>> for SharedCeiling<S>
+where
+    S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response<GatewayBody>;
+    type Error = GatewayError;
+    type Future = BoxFuture<Result<Response<GatewayBody>, GatewayError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let Some(shared) = self.layer.shared.clone() else {
+            return Box::pin(self.inner.call(req));
+        };
+        let class = req
+            .extensions()
+            .get::<Caller>()
+            .map(|c| c.class)
+            .unwrap_or_default();
+        let queued = req
+            .extensions()
+            .get::<QueueTime>()
+            .map_or(Duration::ZERO, |q| q.0);
+        let wait_max = self.layer.policy.current().policy.admission.queue_wait_max;
+        let max = self.layer.admission.snapshot().active_max;
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let started = tokio::time::Instant::now();
+            let lease = match shared
+                .acquire(class, max, wait_max.saturating_sub(queued))
+                .await
+            {
+                Ok(l) => l,
+                Err(GatewayError::QueueTimeout { waited }) => {
+                    return Err(GatewayError::QueueTimeout {
+                        waited: queued + waited,
+                    })
+                }
+                Err(e) => return Err(e),
+            };
+            let waited = started.elapsed();
+            let resp = inner.oneshot(req).await?;
+            let (mut parts, body) = resp.into_parts();
+            parts.headers.insert(
+                SHARED_WAIT_HEADER,
+                HeaderValue::from(waited.as_millis() as u64),
+            );
+            let body = TapBody::new(body, Held(Some(lease))).boxed_unsync();
+            Ok(Response::from_parts(parts, body))
+        })
+    }
+}
+
+/// The lease, given back when the body ends, fails or is dropped.
+#[derive(Debug)]
+struct Held(Option<Lease>);
+
+impl Tap for Held {
+    fn ended(&mut self, _result: Result<(), &BoxError>) {
+        self.0 = None;
+    }
+
+    fn dropped(&mut self, _complete: bool) {
+        self.0 = None;
+    }
+}
