@@ -155,11 +155,12 @@ fn least_squares(rows: &[(Vec<f64>, f64)]) -> Option<Vec<f64>> {
                 ok = false;
                 break;
             }
-            for row in 0..terms {
-                if row != col {
-                    let f = a[row][col] / a[col][col];
-                    for k in col..=terms {
-                        a[row][k] -= f * a[col][k];
+            let pivot_row = a[col].clone();
+            for (r, row) in a.iter_mut().enumerate() {
+                if r != col {
+                    let f = row[col] / pivot_row[col];
+                    for (v, p) in row.iter_mut().zip(&pivot_row).skip(col) {
+                        *v -= f * p;
                     }
                 }
             }

@@ -62,13 +62,13 @@ impl<const N: usize> OnlineFit<N> {
         }
         let gain: [f64; N] = px.map(|v| v / s);
         let err = y - self.predict(x);
-        for i in 0..N {
-            self.theta[i] = (self.theta[i] + gain[i] * err).max(0.0);
+        for (theta, g) in self.theta.iter_mut().zip(&gain) {
+            *theta = (*theta + g * err).max(0.0);
         }
         // P ← P − K (P x)ᵀ, kept symmetric.
-        for i in 0..N {
-            for j in 0..N {
-                self.cov[i][j] -= gain[i] * px[j];
+        for (row, g) in self.cov.iter_mut().zip(&gain) {
+            for (c, p) in row.iter_mut().zip(&px) {
+                *c -= g * p;
             }
         }
         for i in 0..N {

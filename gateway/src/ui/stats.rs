@@ -29,7 +29,7 @@ use serde::Serialize;
 use super::window::{quantile, Reading, Sampler, Window};
 use crate::app::App;
 use crate::bundled::RankStatus;
-use crate::middleware::admission::{PredictionView, Snapshot};
+use crate::middleware::admission::{Admission, PredictionView};
 use crate::policy::LoadedPolicy;
 use crate::telemetry::{Metrics, Outcome};
 
@@ -189,12 +189,11 @@ impl Stats {
         Self::from_parts(
             app.upstream.is_ready(),
             &app.model,
-            &app.admission.snapshot(),
+            &app.admission,
             &app.upstream.ranks(),
             &window,
             &app.metrics,
             &app.policy.current(),
-            app.admission.prediction(),
         )
     }
 
@@ -202,13 +201,14 @@ impl Stats {
     pub fn from_parts(
         ready: bool,
         model: &str,
-        admission: &Snapshot,
+        admission: &Admission,
         ranks: &[RankStatus],
         window: &Window,
         metrics: &Metrics,
         policy: &LoadedPolicy,
-        prediction: PredictionView,
     ) -> Self {
+        let prediction = admission.prediction();
+        let admission = admission.snapshot();
         Self {
             ready,
             model: model.to_owned(),
