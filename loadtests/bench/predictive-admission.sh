@@ -4,8 +4,8 @@
 # gateway with count-based admission only, (c) the gateway with predictive admission. One JSON
 # per setup and rate, plus the gateway's /ui/stats after each run (predicted vs actual TTFT).
 #
-#   RATES="0.3 0.6 1.0" DUR=45s loadtests/bench/predictive-admission.sh
-#   python3 loadtests/bench/predictive-report.py loadtests/results/predictive
+#   RATES="0.3 0.6 1.0" DUR=45s DEADLINE=5s loadtests/bench/predictive-admission.sh
+#   DEADLINE=5 python3 loadtests/bench/predictive-report.py loadtests/results/predictive
 #
 # Run it inside `flock /tmp/sluice-bench.lock` on a shared machine.
 set -euo pipefail
@@ -18,6 +18,7 @@ RATES=${RATES:-"0.3 0.6 1.0"}
 DUR=${DUR:-45s}
 SEED=${SEED:-20261201}
 SETUPS=${SETUPS:-"engine count predictive"}
+DEADLINE=${DEADLINE:-5s}
 EPORT=18611
 GPORT=18612
 mkdir -p "$OUT"
@@ -39,6 +40,7 @@ open = true
 
 [admission]
 predictive = $1
+interactive_ttft_deadline = "$DEADLINE"
 $(if [ "$1" = false ]; then echo "prefill_tokens_max = 1000000"; fi)
 
 [upstream]
