@@ -101,6 +101,27 @@ impl ChatTemplate {
             .map_err(template_err)
     }
 
+    /// Renders OpenAI-shaped messages as given (`tool_calls`, `tool` turns and all) with
+    /// `tools` in the template's context, as a server that hands the request to the template
+    /// (vLLM, SGLang) does: what the template makes of them is the prompt.
+    pub fn render_openai(
+        &self,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(template_err)?;
+        template
+            .render(context! {
+                messages => Value::from_serialize(messages),
+                tools => tools.map(Value::from_serialize),
+                add_generation_prompt => add_generation_prompt,
+                bos_token => &self.bos,
+                eos_token => &self.eos,
+            })
+            .map_err(template_err)
+    }
+
     /// The template's Jinja source.
     pub fn source(&self) -> &str {
         &self.source

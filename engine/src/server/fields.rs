@@ -38,6 +38,10 @@ fn is_false(v: &Value) -> bool {
     v == &Value::Bool(false)
 }
 
+fn is_true(v: &Value) -> bool {
+    v == &Value::Bool(true)
+}
+
 const fn refused(why: &'static str) -> Handling {
     Refused {
         harmless: never,
@@ -70,6 +74,29 @@ const COMMON: &[(&str, Handling)] = &[
     ("min_tokens", Implemented),
     ("guided_json", Implemented),
     ("structured_outputs", Implemented),
+    // SGLang's extensions, which its model gateway (SMG) adds to every request it forwards, at
+    // their defaults: accepted where the value asks for what this server does anyway.
+    (
+        "no_stop_trim",
+        Refused {
+            harmless: is_false,
+            why: "stop strings are always trimmed from the output (only false)",
+        },
+    ),
+    (
+        "skip_special_tokens",
+        Refused {
+            harmless: is_true,
+            why: "special tokens are never written into the text (only true)",
+        },
+    ),
+    (
+        "return_hidden_states",
+        Refused {
+            harmless: is_false,
+            why: "hidden states are not returned (only false)",
+        },
+    ),
 ];
 
 /// `POST /v1/chat/completions`, besides [`COMMON`].
@@ -120,6 +147,21 @@ pub(crate) const CHAT: &[(&str, Handling)] = &[
     (
         "web_search_options",
         refused("this server has no web search"),
+    ),
+    (
+        "continue_final_message",
+        Refused {
+            harmless: is_false,
+            why: "a final assistant message is not continued (only false)",
+        },
+    ),
+    (
+        "separate_reasoning",
+        Ignored("this model is not a reasoning model: there is no reasoning to separate"),
+    ),
+    (
+        "stream_reasoning",
+        Ignored("this model is not a reasoning model: there is no reasoning to stream"),
     ),
     ("functions", refused("deprecated by OpenAI; use `tools`")),
     (

@@ -280,7 +280,7 @@ pub(crate) fn completion_request(body: &Value) -> Result<CompletionRequest, ApiE
     })
 }
 
-fn prompt_value(v: &Value) -> Result<Prompt, ApiError> {
+pub(crate) fn prompt_value(v: &Value) -> Result<Prompt, ApiError> {
     const WHAT: &str = "a string, an array of one string, or an array of token ids";
     let token = |v: &Value| v.as_u64().and_then(|t| u32::try_from(t).ok());
     match v {

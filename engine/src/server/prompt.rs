@@ -85,6 +85,71 @@ pub fn prompt_ids(
     Ok(ids)
 }
 
+/// The token ids of `body`'s prompt as an OpenAI-compatible server that gives the request to
+/// the model's own chat template builds it (vLLM, SGLang): the messages as given, text parts
+/// joined with newlines and tool-call arguments as objects (vLLM's defaults), `tools` passed to
+/// the template, which renders them or not. Unlike [`prompt_ids`] it judges no other field:
+/// the upstream does.
+pub fn upstream_prompt_ids(
+    endpoint: Endpoint,
+    body: &Value,
+    tokenizer: &dyn Encode,
+    template: &ChatTemplate,
+) -> Result<Vec<u32>, PromptError> {
+    let ids = match endpoint {
+        Endpoint::ChatCompletions => {
+            let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+                return Err(ApiError::expected("messages", "an array of messages").into());
+            };
+            let messages: Vec<Value> = messages.iter().map(upstream_message).collect();
+            let tools = body
+                .get("tools")
+                .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()));
+            let text = template
+                .render_openai(&Value::Array(messages), tools, true)
+                .map_err(|e| ApiError::invalid("messages", format!("messages: {e}")))?;
+            let ids = tokenizer
+                .encode(&text, true)
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+            with_bos(tokenizer, ids)
+        }
+        Endpoint::Completions => {
+            let Some(prompt) = body.get("prompt") else {
+                return Err(ApiError::invalid("prompt", "prompt: required").into());
+            };
+            completion_ids(parse::prompt_value(prompt)?, tokenizer)?
+        }
+    };
+    if ids.is_empty() {
+        let param = endpoint.prompt_param();
+        return Err(ApiError::invalid(param, format!("{param}: must not be empty")).into());
+    }
+    Ok(ids)
+}
+
+/// One message as vLLM gives it to a template: a list of content parts becomes their text
+/// joined by newlines; a tool call's JSON `arguments` string becomes the object.
+fn upstream_message(m: &Value) -> Value {
+    let mut m = m.clone();
+    if let Some(parts) = m.get("content").and_then(Value::as_array) {
+        let text: Vec<&str> = parts
+            .iter()
+            .filter(|p| p["type"] == "text")
+            .filter_map(|p| p["text"].as_str())
+            .collect();
+        m["content"] = Value::String(text.join("\n"));
+    }
+    if let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) {
+        for call in calls {
+            let args = &mut call["function"]["arguments"];
+            if let Some(parsed) = args.as_str().and_then(|a| serde_json::from_str(a).ok()) {
+                *args = parsed;
+            }
+        }
+    }
+    m
+}
+
 /// A chat request's prompt: its messages (tools rendered in) through the chat template.
 pub(crate) fn chat_ids(
     req: &ChatRequest,

@@ -1,6 +1,8 @@
 //! Token counting (stack layer 5): the prompt is counted with the model's own tokenizer after
-//! the chat template (tools included) — the same code the bundled engine runs, so the count
-//! equals the engine's `usage.prompt_tokens`. Adds the [`PromptTokens`] extension.
+//! the chat template (tools included), built the way the upstream builds it, so the count equals
+//! its `usage.prompt_tokens`: with a GGUF, the bundled engine's code (its tools prompt); with a
+//! Hugging Face folder (vLLM, SGLang), the request handed to that folder's template as those
+//! servers do. Adds the [`PromptTokens`] extension.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -10,7 +12,7 @@ use sluice_engine::model::chat::ChatTemplate;
 use sluice_engine::model::gguf::GgufFile;
 use sluice_engine::model::tokenizer::hf::HfTokenizer;
 use sluice_engine::model::tokenizer::{Encode, Tokenizer};
-use sluice_engine::server::prompt::{prompt_ids, Endpoint};
+use sluice_engine::server::prompt::{prompt_ids, upstream_prompt_ids, Endpoint};
 use tower::{Layer, Service, ServiceExt};
 
 use super::parse::Json;
@@ -40,6 +42,16 @@ pub trait TokenCounter: Send + Sync + 'static {
 pub struct PromptCounter {
     tokenizer: Box<dyn Encode>,
     template: ChatTemplate,
+    rendering: Rendering,
+}
+
+/// Who builds the prompt from the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rendering {
+    /// The bundled engine: its own tools prompt, its field checks.
+    Engine,
+    /// A server that hands the request to the model's template (vLLM, SGLang).
+    Template,
 }
 
 impl PromptCounter {
@@ -54,19 +66,25 @@ impl PromptCounter {
             return Ok(Self {
                 tokenizer: Box::new(tokenizer),
                 template,
+                rendering: Rendering::Template,
             });
         }
         let gguf = GgufFile::open(path)?;
         Ok(Self {
             tokenizer: Box::new(Tokenizer::from_gguf(&gguf)?),
             template: ChatTemplate::from_gguf(&gguf)?,
+            rendering: Rendering::Engine,
         })
     }
 }
 
 impl TokenCounter for PromptCounter {
     fn count(&self, endpoint: Endpoint, body: &serde_json::Value) -> Result<usize, GatewayError> {
-        Ok(prompt_ids(endpoint, body, self.tokenizer.as_ref(), &self.template)?.len())
+        let build = match self.rendering {
+            Rendering::Engine => prompt_ids,
+            Rendering::Template => upstream_prompt_ids,
+        };
+        Ok(build(endpoint, body, self.tokenizer.as_ref(), &self.template)?.len())
     }
 }
 
