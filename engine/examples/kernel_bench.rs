@@ -1,11 +1,11 @@
 //! Times the CPU matmul and attention kernels on SmolLM2-135M's shapes.
 //!
 //! `cargo run --release -p sluice-engine --example kernel_bench [-- THREADS [M,M,... [FILTER]]]`
-//! (default 2 threads, m = 1,8,512, every shape; `SLUICE_SIMD=scalar|avx2` caps the instruction
-//! set). Prints µs per call and GMAC/s for each shape whose name contains FILTER at each m (best
-//! of many batches) and estimates the matmuls of a whole step per m; then, unless FILTER names
-//! none of them, one layer's batch-8 decode attention, one KV head's prefill attention at 512 and
-//! 4,096 positions, and a fused decode layer.
+//! (default 2 threads, m = 1,8,512, every shape; `SLUICE_SIMD=scalar|avx2|avx512` caps the
+//! instruction set). Prints µs per call and GMAC/s for each shape whose name contains FILTER at
+//! each m (best of many batches) and estimates the matmuls of a whole step per m; then, unless
+//! FILTER names none of them, one layer's batch-8 decode attention, one KV head's prefill
+//! attention at 512 and 4,096 positions, and a fused decode layer.
 
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,6 @@
 //! The forward pass against llama.cpp by teacher forcing (see shared/golden/README.md).
 
+use sluice_engine::backend::cpu::kernels::simd_level;
 use sluice_engine::generate::score;
 use sluice_engine::kv::{SeqRows, BLOCK_SIZE};
 
@@ -107,4 +108,39 @@ fn first_step_logits_match_llama_cpp() {
         }
     }
     eprintln!("largest first-step logit difference from llama.cpp: {max_err:.3}");
+}
+
+/// The two checks above at every instruction-set level below this process's, each in a run of
+/// this test binary with `SLUICE_SIMD` forcing the level (the level is read once per process):
+/// the levels' kernels round differently, and each must stay within the golden bounds.
+#[test]
+fn golden_holds_at_every_lower_simd_level() {
+    let exe = std::env::current_exe().expect("test binary");
+    for level in simd_level().lower() {
+        let run = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "score::teacher_forced_argmax_matches_llama_cpp",
+                "score::first_step_logits_match_llama_cpp",
+                "--test-threads",
+                "1",
+                "--nocapture",
+            ])
+            .env("SLUICE_SIMD", level.name())
+            .output()
+            .expect("run the test binary");
+        let err = String::from_utf8_lossy(&run.stderr);
+        let out = String::from_utf8_lossy(&run.stdout);
+        for line in err
+            .lines()
+            .filter(|l| l.starts_with("overall") || l.starts_with("largest"))
+        {
+            eprintln!("{}: {line}", level.name());
+        }
+        assert!(
+            run.status.success() && out.contains("2 passed"),
+            "golden checks at SLUICE_SIMD={}:\n{out}\n{err}",
+            level.name()
+        );
+    }
 }

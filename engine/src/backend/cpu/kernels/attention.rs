@@ -162,7 +162,7 @@ pub fn attend_rows_with(
         scores.resize(heads * args.pad, 0.0);
         match level {
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 if hd <= 16 * x86::MAX_VECS && bs == 16 => {
+            SimdLevel::Avx512 | SimdLevel::Avx512Vnni if hd <= 16 * x86::MAX_VECS && bs == 16 => {
                 // SAFETY: the level is clamped to the detected one, so AVX-512 F/BW/VL are present;
                 // every used block lies inside both caches, `q` holds every row's heads (asserted
                 // above); `scores` holds `heads` runs of `pad` floats.

@@ -331,31 +331,38 @@ pub(crate) fn block(
 
 #[cfg(test)]
 mod tests {
+    use super::super::lanes::{self, ByteDot};
     use super::super::tests::{random_acts, random_matrix, Rng};
     use super::super::{quant, simd_level, QMatrix, SimdLevel};
     use super::*;
     use crate::dtype::GgmlType;
 
-    /// Runs `w · x` (`m` tokens) through the AVX2 lane kernel with `kind`, or through the AVX-512
-    /// one when `kind` is `None`.
-    fn run(kind: Option<DotKind>, w: &LaneMatrix, x: &[f32], m: usize, cols: usize) -> Vec<f32> {
+    /// A lane kernel: AVX2's with a dot kind, or AVX-512's with one.
+    #[derive(Clone, Copy, Debug)]
+    enum Kernel {
+        Avx2(DotKind),
+        Avx512(ByteDot),
+    }
+
+    /// Runs `w · x` (`m` tokens) through `kernel`.
+    fn run(kernel: Kernel, w: &LaneMatrix, x: &[f32], m: usize, cols: usize) -> Vec<f32> {
         let mut acts = QActs::default();
         acts.reset(m, cols);
         quant::quantize_rows(SimdLevel::Avx2, x, &mut acts.qs, &mut acts.ds, cols);
         let mut out = vec![f32::NAN; m * w.rows()];
         let mut res: Vec<f32> = (0..m * w.rows()).map(|i| i as f32 * 0.25).collect();
         let (o, r) = (OutPtr(out.as_mut_ptr()), OutPtr(res.as_mut_ptr()));
-        match kind {
-            Some(kind) => block(kind, w, &acts, 0..w.rows(), 0..m, o, Some(r)),
-            None => super::super::lanes::block(w, &acts, 0..w.rows(), 0..m, o, Some(r)),
+        match kernel {
+            Kernel::Avx2(kind) => block(kind, w, &acts, 0..w.rows(), 0..m, o, Some(r)),
+            Kernel::Avx512(kind) => lanes::block(kind, w, &acts, 0..w.rows(), 0..m, o, Some(r)),
         }
         out.extend(res);
         out
     }
 
     /// Every dot-product kind this CPU has gives the same bits (outputs and residuals), and on an
-    /// AVX-512 CPU those of the AVX-512 lane kernel; Q8_0 blocks of extreme bytes included, where
-    /// an unsplit `vpmaddubsw` would saturate.
+    /// AVX-512 CPU those of the AVX-512 lane kernel with and without VNNI; Q8_0 blocks of extreme
+    /// bytes included, where an unsplit `vpmaddubsw` would saturate.
     #[test]
     fn kinds_agree_bit_for_bit_with_the_avx512_kernel() {
         if simd_level() == SimdLevel::Scalar {
@@ -377,21 +384,24 @@ mod tests {
                 x[..32]
                     .iter_mut()
                     .for_each(|v| *v = if *v < 0.0 { -1.0 } else { 1.0 });
-                let want = run(Some(DotKind::MaddUbs), &lanes, &x, m, cols);
+                let want = run(Kernel::Avx2(DotKind::MaddUbs), &lanes, &x, m, cols);
                 assert!(want.iter().all(|v| v.is_finite()), "every output written");
                 let mut others = vec![DotKind::AvxVnni, DotKind::Avx512Vl];
                 others.retain(|k| k.supported());
-                let mut runs: Vec<_> = others.into_iter().map(Some).collect();
-                if simd_level() == SimdLevel::Avx512 {
-                    runs.push(None);
+                let mut runs: Vec<_> = others.into_iter().map(Kernel::Avx2).collect();
+                if SimdLevel::Avx512.clamp() == SimdLevel::Avx512 {
+                    runs.push(Kernel::Avx512(ByteDot::MaddUbs));
                 }
-                for kind in runs {
-                    let got = run(kind, &lanes, &x, m, cols);
+                if simd_level() == SimdLevel::Avx512Vnni {
+                    runs.push(Kernel::Avx512(ByteDot::Vnni));
+                }
+                for kernel in runs {
+                    let got = run(kernel, &lanes, &x, m, cols);
                     let same = got
                         .iter()
                         .zip(&want)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{dtype} {rows}x{cols} m={m} {kind:?}");
+                    assert!(same, "{dtype} {rows}x{cols} m={m} {kernel:?}");
                 }
             }
         }

@@ -16,7 +16,9 @@
 //! per-row kernel of `attention`, which shares each key and value load among a row's query heads,
 //! measured faster than this tiling at 512 and 4,096 positions, so AVX-512 keeps it.)
 
-use super::simd16::{F16x16, Ymm2};
+use super::simd16::F16x16;
+#[cfg(target_arch = "x86_64")]
+use super::ymm2::Ymm2;
 use super::KvHead;
 
 /// Positions per key block (the KV cache's block size, which the transposed keys assume).
@@ -48,6 +50,7 @@ pub(super) fn takes(hd: usize, block_size: usize) -> bool {
 }
 
 /// Runs a call on AVX2.
+#[cfg(target_arch = "x86_64")]
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; the shape is one [`takes`]; the blocks of every position used

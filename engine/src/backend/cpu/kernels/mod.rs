@@ -12,13 +12,15 @@
 //!    task, tiles of `R` weight rows × `C` activation rows reuse each unpacked weight block for
 //!    several tokens (prefill and batched decode) and keep several accumulators in flight.
 //!
-//! With AVX-512, `lanes` serves every batch size of a matrix that carries a [`LaneMatrix`] (the
-//! CPU backend arranges one for every quantized weight at load): 16 weight rows side by side, one
-//! per lane, so one int-to-float conversion serves 16 rows.
+//! With AVX-512 (`lanes`, with or without VNNI) and AVX2 (`avx2_lanes`), a lane kernel serves
+//! every batch size of a matrix that carries a [`LaneMatrix`] (the CPU backend arranges one for
+//! every quantized weight at load): 16 weight rows side by side, one per lane, so one
+//! int-to-float conversion serves 16 rows.
 //!
-//! The instruction set is detected once ([`simd_level`]); `SLUICE_SIMD=scalar|avx2|avx512` caps
-//! it, and the `*_with` functions let tests pick a level explicitly (never above the detected
-//! one, so forcing a level can only select a slower path, never an unsupported instruction).
+//! The instruction set is detected once ([`simd_level`]); `SLUICE_SIMD=scalar|avx2|avx512`
+//! caps it (`avx512` is AVX-512 without VNNI; `avx512vnni` or unset, the best the CPU has), and
+//! the `*_with` functions let tests pick a level explicitly (never above the detected one, so
+//! forcing a level can only select a slower path, never an unsupported instruction).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -30,7 +32,6 @@ use crate::error::{Error, Result};
 mod argmax;
 mod attention;
 mod f16;
-#[cfg(target_arch = "x86_64")]
 mod flash;
 mod fused;
 /// The body of a SIMD level's quantized `tile` (`avx2::tile`, `avx512::tile`): checks the
@@ -88,11 +89,12 @@ mod quant;
 mod runs;
 mod scalar;
 mod silu;
-#[cfg(target_arch = "x86_64")]
 mod simd16;
 #[cfg(test)]
 mod tests;
 mod vexp;
+#[cfg(target_arch = "x86_64")]
+mod ymm2;
 
 pub use argmax::{argmax, argmax_with};
 pub use attention::{attend_rows, attend_rows_with, KvHead};
@@ -179,21 +181,50 @@ pub enum SimdLevel {
     Scalar,
     /// AVX2 + FMA + F16C.
     Avx2,
-    /// AVX-512 F/BW/VL with VNNI (plus FMA and F16C).
+    /// AVX-512 F/BW/VL (plus FMA and F16C) without VNNI: byte dot products by `vpmaddubsw`.
     Avx512,
+    /// AVX-512 F/BW/VL with VNNI (plus FMA and F16C): byte dot products by `vpdpbusd`.
+    Avx512Vnni,
 }
 
 impl SimdLevel {
+    /// Every level, slowest first.
+    pub const ALL: [SimdLevel; 4] = [
+        SimdLevel::Scalar,
+        SimdLevel::Avx2,
+        SimdLevel::Avx512,
+        SimdLevel::Avx512Vnni,
+    ];
+
+    /// The level's name, as `SLUICE_SIMD` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Scalar => "scalar",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
+            SimdLevel::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    /// The levels below this one, which `SLUICE_SIMD` can force on a CPU that runs this one.
+    pub fn lower(self) -> impl Iterator<Item = SimdLevel> {
+        SimdLevel::ALL
+            .into_iter()
+            .filter(move |l| l.rank() < self.rank())
+    }
+
     fn rank(self) -> u8 {
         match self {
             SimdLevel::Scalar => 1,
             SimdLevel::Avx2 => 2,
             SimdLevel::Avx512 => 3,
+            SimdLevel::Avx512Vnni => 4,
         }
     }
 
     fn from_rank(r: u8) -> SimdLevel {
         match r {
+            4 => SimdLevel::Avx512Vnni,
             3 => SimdLevel::Avx512,
             2 => SimdLevel::Avx2,
             _ => SimdLevel::Scalar,
@@ -226,10 +257,16 @@ pub fn simd_level() -> SimdLevel {
 
 fn detect() -> SimdLevel {
     let hw = detect_hw();
-    let cap = match std::env::var("SLUICE_SIMD").ok().as_deref().map(str::trim) {
-        Some("scalar") => SimdLevel::Scalar,
-        Some("avx2") => SimdLevel::Avx2,
-        _ => SimdLevel::Avx512,
+    let cap = match std::env::var("SLUICE_SIMD") {
+        Ok(v) => SimdLevel::ALL
+            .into_iter()
+            .find(|l| l.name() == v.trim())
+            .unwrap_or_else(|| {
+                let known = "scalar, avx2, avx512, avx512vnni";
+                tracing::warn!(value = %v, known, "unknown SLUICE_SIMD; not capping");
+                SimdLevel::Avx512Vnni
+            }),
+        Err(_) => SimdLevel::Avx512Vnni,
     };
     if cap.rank() < hw.rank() {
         cap
@@ -242,7 +279,10 @@ fn detect() -> SimdLevel {
 fn detect_hw() -> SimdLevel {
     use std::arch::is_x86_feature_detected as has;
     let avx2 = has!("avx2") && has!("fma") && has!("f16c");
-    if avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+    let avx512 = avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl");
+    if avx512 && has!("avx512vnni") {
+        SimdLevel::Avx512Vnni
+    } else if avx512 {
         SimdLevel::Avx512
     } else if avx2 {
         SimdLevel::Avx2
@@ -435,11 +475,17 @@ pub fn matmul_fused_with(
                     // The lane kernel adds the residual as it stores (reading back its masked
                     // stores here stalled on store forwarding).
                     let packed = w.lanes.expect("lane order checked above");
-                    if level == SimdLevel::Avx512 {
-                        lanes::block(packed, a, rows, toks.clone(), outs[j], residual);
-                    } else {
-                        let kind = avx2_dot();
-                        avx2_lanes::block(kind, packed, a, rows, toks.clone(), outs[j], residual);
+                    let (toks, out) = (toks.clone(), outs[j]);
+                    match level {
+                        SimdLevel::Avx512Vnni => {
+                            let kind = lanes::ByteDot::Vnni;
+                            lanes::block(kind, packed, a, rows, toks, out, residual);
+                        }
+                        SimdLevel::Avx512 => {
+                            let kind = lanes::ByteDot::MaddUbs;
+                            lanes::block(kind, packed, a, rows, toks, out, residual);
+                        }
+                        _ => avx2_lanes::block(avx2_dot(), packed, a, rows, toks, out, residual),
                     }
                     continue;
                 }
@@ -477,7 +523,7 @@ pub fn matmul_fused_with(
 /// Whether `level` runs lane-ordered weights through a lane kernel (`lanes`, `avx2_lanes`); the
 /// CPU backend arranges them when [`simd_level`] does.
 pub fn lane_kernel(level: SimdLevel) -> bool {
-    matches!(level, SimdLevel::Avx512 | SimdLevel::Avx2)
+    level != SimdLevel::Scalar
 }
 
 /// The byte dot product the AVX2 lane kernel uses on this CPU (detected once).
@@ -550,14 +596,17 @@ fn tile_dispatch(
 ) {
     match level {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512 => {
+        SimdLevel::Avx512Vnni => {
             // SAFETY: `level` was clamped to the detected level, so the CPU has AVX-512
             // F/BW/VL/VNNI, FMA and F16C.
             unsafe { avx512::tile(dtype, nr, c, w, row_bytes, xq, xds, cols, out) }
         }
+        // Without VNNI the stored layout runs AVX2's tile: it serves only matrices without lane
+        // order, which the CPU backend never makes at a lane level (the tests run it).
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => {
-            // SAFETY: `level` was clamped to the detected level, so the CPU has AVX2, FMA, F16C.
+        SimdLevel::Avx512 | SimdLevel::Avx2 => {
+            // SAFETY: `level` was clamped to the detected level, so the CPU has AVX2, FMA, F16C
+            // (every AVX-512 level includes them).
             unsafe { avx2::tile(dtype, nr, c, w, row_bytes, xq, xds, cols, out) }
         }
         _ => scalar::tile(dtype, nr, c, w, row_bytes, xq, xds, cols, out),

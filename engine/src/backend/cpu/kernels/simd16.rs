@@ -1,14 +1,11 @@
 //! Sixteen f32 lanes as one value (a KV block's 16 positions), for kernels written once for
-//! several instruction sets: two ymm registers on AVX2 ([`Ymm2`]). A zmm register would be one
-//! implementation more (tried for the tiled attention: slower there than the AVX-512 per-row
-//! kernel), a NEON twin four `float32x4_t`.
+//! several instruction sets (`flash`'s tiled attention): the trait names no instruction set; each
+//! implementation sits in a file of its own, two ymm registers on AVX2 (`ymm2.rs`). A zmm register
+//! would be one implementation more (tried for the tiled attention: slower there than the AVX-512
+//! per-row kernel), a NEON twin four `float32x4_t` (a `neon4.rs` beside `ymm2.rs`).
 //!
 //! Every method is `#[inline(always)]` and `unsafe`: it may only run inside a function compiled
-//! with its implementation's features (AVX2, FMA and F16C for [`Ymm2`]), into which it inlines.
-
-use std::arch::x86_64::*;
-
-use super::vexp::exp_avx2;
+//! with its implementation's features (AVX2, FMA and F16C for `Ymm2`), into which it inlines.
 
 /// Sixteen f32 lanes.
 pub(super) trait F16x16: Copy {
@@ -33,130 +30,4 @@ pub(super) trait F16x16: Copy {
     unsafe fn any_gt(self, x: f32) -> bool;
     /// The sum of the lanes, in a fixed order.
     unsafe fn sum_lanes(self) -> f32;
-}
-
-/// Two ymm registers: lanes 0..8 and 8..16.
-#[derive(Clone, Copy)]
-pub(super) struct Ymm2(__m256, __m256);
-
-/// The horizontal sum of eight lanes, pairwise.
-#[inline(always)]
-unsafe fn hsum8(v: __m256) -> f32 {
-    // SAFETY: AVX, the calling kernel's feature.
-    unsafe {
-        let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)))
-    }
-}
-
-impl F16x16 for Ymm2 {
-    #[inline(always)]
-    unsafe fn zero() -> Self {
-        // SAFETY: the calling kernel has this type's features; pointers as documented.
-        unsafe {
-            // SAFETY (every method): AVX2, FMA, F16C, the calling kernel's features; pointers are the
-            // caller's promise.
-            Ymm2(_mm256_setzero_ps(), _mm256_setzero_ps())
-        }
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> Self {
-        // SAFETY: the calling kernel has this type's features; pointers as documented.
-        unsafe { Ymm2(_mm256_set1_ps(x), _mm256_set1_ps(x)) }
-    }
-    #[inline(always)]
-    unsafe fn load_f16(p: *const u16) -> Self {
-        // SAFETY: 16 halves at `p` (caller's promise).
-        unsafe {
-            Ymm2(
-                _mm256_cvtph_ps(_mm_loadu_si128(p as *const _)),
-                _mm256_cvtph_ps(_mm_loadu_si128(p.add(8) as *const _)),
-            )
-        }
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32) {
-        // SAFETY: 16 writable floats at `p` (caller's promise).
-        unsafe {
-            _mm256_storeu_ps(p, self.0);
-            _mm256_storeu_ps(p.add(8), self.1);
-        }
-    }
-    #[inline(always)]
-    unsafe fn fmadd(self, b: Self, c: Self) -> Self {
-        // SAFETY: the calling kernel has this type's features; pointers as documented.
-        unsafe {
-            Ymm2(
-                _mm256_fmadd_ps(self.0, b.0, c.0),
-                _mm256_fmadd_ps(self.1, b.1, c.1),
-            )
-        }
-    }
-    #[inline(always)]
-    unsafe fn mul(self, b: Self) -> Self {
-        // SAFETY: as every method.
-        unsafe { Ymm2(_mm256_mul_ps(self.0, b.0), _mm256_mul_ps(self.1, b.1)) }
-    }
-    #[inline(always)]
-    unsafe fn sub(self, b: Self) -> Self {
-        // SAFETY: as every method.
-        unsafe { Ymm2(_mm256_sub_ps(self.0, b.0), _mm256_sub_ps(self.1, b.1)) }
-    }
-    #[inline(always)]
-    unsafe fn add(self, b: Self) -> Self {
-        // SAFETY: as every method.
-        unsafe { Ymm2(_mm256_add_ps(self.0, b.0), _mm256_add_ps(self.1, b.1)) }
-    }
-    #[inline(always)]
-    unsafe fn div(self, b: Self) -> Self {
-        // SAFETY: as every method.
-        unsafe { Ymm2(_mm256_div_ps(self.0, b.0), _mm256_div_ps(self.1, b.1)) }
-    }
-    #[inline(always)]
-    unsafe fn keep(self, live: usize, fill: f32) -> Self {
-        // SAFETY: the calling kernel has this type's features; pointers as documented.
-        unsafe {
-            let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            let fill = _mm256_set1_ps(fill);
-            let sel = |v: __m256, first: usize| {
-                let n = _mm256_set1_epi32(live.saturating_sub(first).min(8) as i32);
-                let on = _mm256_castsi256_ps(_mm256_cmpgt_epi32(n, lane));
-                _mm256_blendv_ps(fill, v, on)
-            };
-            Ymm2(sel(self.0, 0), sel(self.1, 8))
-        }
-    }
-    #[inline(always)]
-    unsafe fn exp(self) -> Self {
-        // SAFETY: the calling kernel has this type's features; pointers as documented.
-        unsafe { Ymm2(exp_avx2(self.0), exp_avx2(self.1)) }
-    }
-    #[inline(always)]
-    unsafe fn max_lane(self) -> f32 {
-        // SAFETY: the calling kernel has this type's features; pointers as documented.
-        unsafe {
-            let m = _mm256_max_ps(self.0, self.1);
-            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)))
-        }
-    }
-    #[inline(always)]
-    unsafe fn any_gt(self, x: f32) -> bool {
-        // SAFETY: the calling kernel has this type's features.
-        unsafe {
-            let x = _mm256_set1_ps(x);
-            let gt = _mm256_or_ps(
-                _mm256_cmp_ps::<_CMP_GT_OQ>(self.0, x),
-                _mm256_cmp_ps::<_CMP_GT_OQ>(self.1, x),
-            );
-            _mm256_movemask_ps(gt) != 0
-        }
-    }
-    #[inline(always)]
-    unsafe fn sum_lanes(self) -> f32 {
-        // SAFETY: as every method.
-        unsafe { hsum8(_mm256_add_ps(self.0, self.1)) }
-    }
 }

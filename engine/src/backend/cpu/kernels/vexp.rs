@@ -124,7 +124,7 @@ pub(super) fn exp8(level: super::SimdLevel, x: &[f32]) -> [f32; 8] {
     unsafe {
         use std::arch::x86_64::*;
         let v = _mm256_loadu_ps(x.as_ptr());
-        let e = if level == SimdLevel::Avx512 {
+        let e = if matches!(level, SimdLevel::Avx512 | SimdLevel::Avx512Vnni) {
             exp(v)
         } else {
             exp_avx2(v)

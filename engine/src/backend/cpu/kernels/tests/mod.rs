@@ -27,7 +27,7 @@ impl Rng {
     }
 }
 
-const ALL_LEVELS: [SimdLevel; 3] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512];
+const ALL_LEVELS: [SimdLevel; 4] = SimdLevel::ALL;
 
 /// The levels this CPU really runs (others would be clamped to one of these).
 pub(super) fn levels() -> Vec<SimdLevel> {
