@@ -58,6 +58,7 @@ heavy_active_max = 1
 [upstream]
 kind = "openai"
 urls = ["http://127.0.0.1:$P_UP"]
+health_path = "/healthz"   # the fake upstream's
 [[tenants]]
 name = "bench"
 api_key_sha256 = "$KEY_SHA"
