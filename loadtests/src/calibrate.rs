@@ -188,12 +188,15 @@ pub fn fit_cost(probes: &[(usize, f64)], steps: &[(usize, f64)], target: f64) ->
             (vec![1.0, k, k * k], t)
         })
         .collect();
-    // With too few probes for a base, the per-token term alone.
-    let pre = least_squares(&prefill_rows).or_else(|| {
-        let rows: Vec<(Vec<f64>, f64)> =
-            prefill_rows.iter().map(|(x, y)| (vec![x[1]], *y)).collect();
-        least_squares(&rows).map(|t| vec![0.0, t[0], 0.0])
-    })?;
+    // One probe cannot tell a base from a per-token cost: the per-token term alone.
+    let pre = (prefill_rows.len() >= 2)
+        .then(|| least_squares(&prefill_rows))
+        .flatten()
+        .or_else(|| {
+            let rows: Vec<(Vec<f64>, f64)> =
+                prefill_rows.iter().map(|(x, y)| (vec![x[1]], *y)).collect();
+            least_squares(&rows).map(|t| vec![0.0, t[0], 0.0])
+        })?;
     let step_rows: Vec<(Vec<f64>, f64)> = steps
         .iter()
         .map(|&(n, s)| (vec![1.0, n as f64], s))
