@@ -44,8 +44,26 @@ fn compact(mut schema: Value) -> Value {
     schema
 }
 
+/// A request's grammar and the field a compile error names.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Grammar {
+    pub spec: GrammarSpec,
+    pub param: &'static str,
+}
+
 /// The grammar of a `response_format` (or `guided_json`, `structured_outputs`).
-pub(crate) fn format(f: &Format) -> GrammarSpec {
+pub(crate) fn format(f: &Format) -> Grammar {
+    let param = match f {
+        Format::JsonObject | Format::JsonSchema(_) => "response_format",
+        Format::Regex(_) | Format::Choice(_) | Format::Lark(_) => "structured_outputs",
+    };
+    Grammar {
+        spec: format_spec(f),
+        param,
+    }
+}
+
+fn format_spec(f: &Format) -> GrammarSpec {
     match f {
         Format::JsonObject => GrammarSpec::JsonSchema(compact(json!({"type": "object"}))),
         Format::JsonSchema(Value::Bool(true)) => {
@@ -98,7 +116,11 @@ fn tool_grammar(tools: &[&ToolDef], parallel: bool) -> GrammarSpec {
 }
 
 /// The grammar of a chat request, if its output is constrained.
-pub(crate) fn chat(req: &ChatRequest) -> Result<Option<GrammarSpec>, ApiError> {
+pub(crate) fn chat(req: &ChatRequest) -> Result<Option<Grammar>, ApiError> {
+    let tools = |spec| Grammar {
+        spec,
+        param: "tools",
+    };
     let forced: Vec<&ToolDef> = match &req.tool_choice {
         _ if req.tools.is_empty() => Vec::new(),
         ToolChoice::Required => req.tools.iter().collect(),
@@ -112,7 +134,7 @@ pub(crate) fn chat(req: &ChatRequest) -> Result<Option<GrammarSpec>, ApiError> {
                 "response_format: cannot be combined with a tool_choice that forces a call",
             ));
         }
-        return Ok(Some(tool_grammar(&forced, req.parallel_tool_calls)));
+        return Ok(Some(tools(tool_grammar(&forced, req.parallel_tool_calls))));
     }
     if let Some(f) = &req.sampling.format {
         // The answer must be the format; the tools stay listed in the prompt.
@@ -120,10 +142,10 @@ pub(crate) fn chat(req: &ChatRequest) -> Result<Option<GrammarSpec>, ApiError> {
     }
     if req.tool_choice == ToolChoice::Auto && !req.tools.is_empty() {
         let all: Vec<&ToolDef> = req.tools.iter().collect();
-        return Ok(Some(GrammarSpec::After {
+        return Ok(Some(tools(GrammarSpec::After {
             trigger: CALL_OPEN.to_owned(),
             then: Box::new(tool_grammar(&all, req.parallel_tool_calls)),
-        }));
+        })));
     }
     Ok(None)
 }

@@ -11,13 +11,14 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::constrain::Grammar;
 use super::error::ApiError;
 use super::logprobs::Scored;
 use super::metrics::HttpMetrics;
 use super::types::{ResponseMeta, Sampling, Usage};
 use super::{Call, State};
 use crate::api::{Engine, GenerationEvent, GenerationRequest};
-use crate::generate::{Constraint, FinishReason, GenerationDefaults, GrammarSpec};
+use crate::generate::{Constraint, FinishReason, GenerationDefaults};
 use crate::trace::TraceContext;
 
 /// The default `max_tokens` is what is left of the context window, at most this.
@@ -58,7 +59,7 @@ impl Submitted {
         call: &Call,
         ids: Vec<u32>,
         sampling: &Sampling,
-        grammar: Option<GrammarSpec>,
+        grammar: Option<Grammar>,
         prompt_param: &str,
         id_prefix: &str,
     ) -> Result<Self, ApiError> {
@@ -169,19 +170,15 @@ fn build_request(
 }
 
 /// The request's grammar, compiled; 400 with llguidance's reason when it cannot be.
-fn compile(engine: &dyn Engine, g: &GrammarSpec) -> Result<Constraint, ApiError> {
-    let param = match g {
-        GrammarSpec::JsonSchema(_) => "response_format",
-        GrammarSpec::Regex(_) | GrammarSpec::Lark(_) => "structured_outputs",
-        GrammarSpec::After { .. } => "tools",
-    };
+fn compile(engine: &dyn Engine, g: &Grammar) -> Result<Constraint, ApiError> {
+    let param = g.param;
     let Some(grammars) = engine.grammars() else {
         return Err(ApiError::unsupported(
             param,
             format!("{param}: this engine has no grammar support"),
         ));
     };
-    grammars.compile(g).map_err(|e| {
+    grammars.compile(&g.spec).map_err(|e| {
         ApiError::invalid(param, format!("{param}: the grammar does not compile: {e}"))
             .with_code("invalid_grammar")
     })

@@ -6,6 +6,7 @@
 mod harness;
 
 mod schemas;
+mod workloads;
 
 use std::sync::OnceLock;
 
@@ -210,94 +211,62 @@ fn logit_bias_and_penalties_change_what_is_sampled() {
 
 #[test]
 fn twenty_schemas_give_json_that_validates() {
-    let cases = schemas::cases();
-    assert_eq!(cases.len(), 20);
-    let results = concurrently(&cases, 4, |(prompt, schema)| {
-        let v = chat(&json!({
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": 400,
-            "seed": 1,
-            "response_format": {"type": "json_schema",
-                                "json_schema": {"name": "answer", "schema": schema, "strict": true}},
-        }));
-        (
-            content(&v).to_owned(),
-            v["choices"][0]["finish_reason"].clone(),
-        )
-    });
-    let mut failures = Vec::new();
-    for ((prompt, schema), (text, reason)) in cases.iter().zip(&results) {
-        let validator = jsonschema::validator_for(schema).expect("a valid schema");
-        match serde_json::from_str::<Value>(text) {
-            Ok(doc) if validator.is_valid(&doc) => {}
-            Ok(doc) => failures.push(format!(
-                "{prompt}: {:?} ({reason})",
-                validator
-                    .iter_errors(&doc)
-                    .map(|e| e.to_string())
-                    .collect::<Vec<_>>()
-            )),
-            Err(e) => failures.push(format!("{prompt}: {e} in {text:?} ({reason})")),
-        }
-    }
-    eprintln!("structured outputs: {} of 20 valid", 20 - failures.len());
-    assert!(failures.is_empty(), "{failures:#?}");
-}
-
-/// The choice is `tool_calls` and each call names one of `tools` with arguments that validate
-/// against its `parameters`.
-fn calls_validate(tools: &Value, choice: &Value) -> bool {
-    let calls = choice["message"]["tool_calls"].as_array();
-    calls.is_some_and(|calls| {
-        !calls.is_empty()
-            && calls.iter().all(|c| {
-                let name = c["function"]["name"].as_str().unwrap_or_default();
-                let tool = tools
-                    .as_array()
-                    .expect("tools are an array")
-                    .iter()
-                    .find(|t| t["function"]["name"] == name);
-                let args = c["function"]["arguments"]
-                    .as_str()
-                    .and_then(|a| serde_json::from_str::<Value>(a).ok());
-                match (tool, args) {
-                    (Some(t), Some(a)) => jsonschema::validator_for(&t["function"]["parameters"])
-                        .expect("schema")
-                        .is_valid(&a),
-                    _ => false,
-                }
-            })
-    }) && choice["finish_reason"] == "tool_calls"
-}
-
-fn tool_chat(prompt: &str, tools: &Value, choice: &str) -> Value {
-    chat(&json!({
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 300,
-        "seed": 1,
-        "tools": tools,
-        "tool_choice": choice,
-    }))
+    let run = workloads::schemas(&server().addr);
+    assert_eq!(run.total, 20);
+    eprintln!("structured outputs: {} of 20 valid", run.valid);
+    assert!(run.failures.is_empty(), "{:#?}", run.failures);
 }
 
 #[test]
 fn twenty_required_tool_calls_parse_and_validate() {
-    let cases = schemas::tool_cases();
-    assert_eq!(cases.len(), 20);
-    let results = concurrently(&cases, 4, |(prompt, tools)| {
-        tool_chat(prompt, tools, "required")
-    });
-    let mut good = 0;
-    let mut bad = Vec::new();
-    for ((prompt, tools), v) in cases.iter().zip(&results) {
-        if calls_validate(tools, &v["choices"][0]) {
-            good += 1;
-        } else {
-            bad.push(format!("{prompt}: {v}"));
+    let run = workloads::required_tool_calls(&server().addr);
+    assert_eq!(run.total, 20);
+    eprintln!("tool_choice required: {} of 20 valid", run.valid);
+    assert!(
+        run.valid >= 19,
+        "{} of 20 valid: {:#?}",
+        run.valid,
+        run.failures
+    );
+}
+
+/// The two workloads on this engine and on the OpenAI-compatible server at
+/// `$SLUICE_API_PEER` (`host:port`, e.g. llama-server with `--jinja`), side by side
+/// (docs/capacity.md): valid answers, latency, completion tokens. Run by hand:
+/// `SLUICE_API_PEER=127.0.0.1:8081 cargo test --release -p sluice-engine --test api --
+/// --ignored side_by_side --nocapture`. The engine's own rates are held to the tests' bars.
+#[test]
+#[ignore = "needs a peer server at $SLUICE_API_PEER"]
+fn side_by_side() {
+    let peer = std::env::var("SLUICE_API_PEER").expect("SLUICE_API_PEER=host:port");
+    let mut ours = None;
+    for (target, addr) in [("sluice-engine", server().addr.clone()), ("peer", peer)] {
+        for (name, run) in [
+            ("json_schema", workloads::schemas(&addr)),
+            (
+                "tool_choice required",
+                workloads::required_tool_calls(&addr),
+            ),
+        ] {
+            let (p50, p95) = run.p50_p95();
+            eprintln!(
+                "| {name} | {target} | {}/{} | {p50:.2} / {p95:.2} | {:.0} |",
+                run.valid,
+                run.total,
+                run.completion_tokens as f64 / run.total as f64
+            );
+            for f in run.failures.iter().take(3) {
+                eprintln!(
+                    "  {target} {name}: {}",
+                    f.chars().take(300).collect::<String>()
+                );
+            }
+            if target == "sluice-engine" {
+                ours.get_or_insert_with(Vec::new).push(run.valid);
+            }
         }
     }
-    eprintln!("tool_choice required: {good} of 20 valid");
-    assert!(good >= 19, "{good} of 20 valid: {bad:#?}");
+    assert_eq!(ours, Some(vec![20, 20]));
 }
 
 /// `tool_choice: "auto"`: the model may answer in prose, but once it writes `<tool_call>` the
@@ -322,7 +291,7 @@ fn auto_tool_calls_once_started_parse_and_validate() {
         let choice = &v["choices"][0];
         let started = content(v).contains("<tool_call>");
         match (choice["finish_reason"].as_str(), started) {
-            (Some("tool_calls"), _) if calls_validate(&tools, choice) => calls += 1,
+            (Some("tool_calls"), _) if workloads::calls_validate(&tools, choice) => calls += 1,
             (Some("stop"), false) => prose += 1,
             (Some("length"), true) => cut += 1,
             (Some("length"), false) => prose += 1,

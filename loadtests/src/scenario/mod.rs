@@ -35,9 +35,12 @@ pub enum Check {
     None,
     /// The answer must contain this text (the needle's code).
     Contains(String),
-    /// The answer must be a parseable `tool_calls` entry calling this function with a JSON
-    /// object as arguments.
-    ToolCall(String),
+    /// The answer's first `tool_calls` entry must call `name` with arguments that parse as
+    /// JSON and validate against `parameters` (the tool's schema).
+    ToolCall {
+        name: String,
+        parameters: serde_json::Value,
+    },
 }
 
 impl Check {
@@ -48,11 +51,15 @@ impl Check {
         match self {
             Self::None => None,
             Self::Contains(answer) => Some(ok && sample.text.contains(answer.as_str())),
-            Self::ToolCall(name) => Some(
+            Self::ToolCall { name, parameters } => Some(
                 ok && sample.tool_calls.first().is_some_and(|call| {
                     call.name == *name
-                        && serde_json::from_str::<serde_json::Value>(&call.arguments)
-                            .is_ok_and(|args| args.is_object())
+                        && serde_json::from_str::<serde_json::Value>(&call.arguments).is_ok_and(
+                            |args| {
+                                jsonschema::validator_for(parameters)
+                                    .is_ok_and(|v| v.is_valid(&args))
+                            },
+                        )
                 }),
             ),
         }
@@ -89,7 +96,11 @@ mod tests {
         assert_eq!(needle.score(&failed), Some(false));
         assert_eq!(Check::None.score(&failed), None);
 
-        let tool = Check::ToolCall("get_weather".into());
+        let tool = Check::ToolCall {
+            name: "get_weather".into(),
+            parameters: serde_json::json!({"type": "object",
+                "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+        };
         let call = |name: &str, args: &str| ToolCall {
             name: name.into(),
             arguments: args.into(),
@@ -103,6 +114,8 @@ mod tests {
             vec![call("get_time", "{}")],
             vec![call("get_weather", "{\"city\":")],
             vec![call("get_weather", "\"Oslo\"")],
+            vec![call("get_weather", r#"{"town":"Oslo"}"#)],
+            vec![call("get_weather", r#"{"city":7}"#)],
         ] {
             assert_eq!(tool.score(&answer("", bad.clone())), Some(false), "{bad:?}");
         }

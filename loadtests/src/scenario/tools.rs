@@ -1,5 +1,6 @@
 //! Function calls at long context: a document, then a request only a tool can answer, with
-//! `tool_choice: "required"`. The answer passes when it is a parseable `tool_calls` entry.
+//! `tool_choice: "required"`. The answer passes when it is a parseable `tool_calls` entry whose
+//! arguments validate against the tool's `parameters` schema.
 
 use std::sync::Arc;
 
@@ -38,20 +39,24 @@ impl JobSource for ToolJobs {
         let user = format!(
             "{doc}\n\nUsing the {FUNCTION} function, look up the current weather in {city}."
         );
+        let parameters = json!({"type": "object", "properties": {
+            "city": {"type": "string", "description": "The city name"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"]});
         let tools = json!({
             "tools": [{"type": "function", "function": {
                 "name": FUNCTION,
                 "description": "Get the current weather for a city",
-                "parameters": {"type": "object", "properties": {
-                    "city": {"type": "string", "description": "The city name"},
-                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                    "required": ["city"]}}}],
+                "parameters": parameters}}],
             "tool_choice": "required",
         });
         Ok(Job {
             api: Api::Chat,
             body: request::chat(&self.model, &user, 128, tools),
-            check: Check::ToolCall(FUNCTION.into()),
+            check: Check::ToolCall {
+                name: FUNCTION.into(),
+                parameters,
+            },
             kind: "tools".into(),
         })
     }
