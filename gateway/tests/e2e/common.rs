@@ -71,10 +71,34 @@ impl Gateway {
         .await
     }
 
+    /// Starts a gateway in front of the replicas `policy.upstream.urls`, counting prompts with
+    /// `counting` (the upstream's own tokenizer and template).
+    pub async fn start_replicas_counting(policy: Policy, counting: Arc<PromptCounter>) -> Self {
+        Self::start_counting(
+            policy,
+            |store| {
+                let urls = store.current().policy.upstream.urls.clone();
+                let pool = ReplicaPool::new(&urls, store.clone()).expect("pool");
+                pool.spawn_probes(http_client(None).expect("client"));
+                Arc::new(pool)
+            },
+            counting,
+        )
+        .await
+    }
+
     /// Starts a gateway with `policy` in front of the upstream `make` builds.
     pub async fn start_with(
         policy: Policy,
         make: impl FnOnce(&Arc<PolicyStore>) -> Arc<dyn Upstream>,
+    ) -> Self {
+        Self::start_counting(policy, make, counter()).await
+    }
+
+    async fn start_counting(
+        policy: Policy,
+        make: impl FnOnce(&Arc<PolicyStore>) -> Arc<dyn Upstream>,
+        counting: Arc<PromptCounter>,
     ) -> Self {
         let mut loaded = LoadedPolicy::defaults();
         loaded.policy = policy;
@@ -82,7 +106,7 @@ impl Gateway {
         let upstream = make(&store);
         let app = App::new(store, upstream, "SmolLM2-135M-Instruct.Q4_1".into());
         let router = Router {
-            stack: stack(&app, counter()),
+            stack: stack(&app, counting),
             app: app.clone(),
         };
         let c = certs();
