@@ -25,6 +25,9 @@ pub struct BundledConfig {
     /// How long a fresh engine may take to answer `GET /health` with 200 before it is killed
     /// and restarted; also how long a ready engine may then stay unhealthy.
     pub start_timeout: Duration,
+    /// Generation defaults for requests that leave a field out: `--default-<flag> <value>`
+    /// (the policy's `[upstream.sampling]`); a flag also in `extra_args` is left to it.
+    pub defaults: Vec<(&'static str, String)>,
     /// Arguments passed after the supervisor's own, e.g. `--threads 2`.
     pub extra_args: Vec<String>,
     /// Environment set for the engine on top of the gateway's own (its OTLP settings).
@@ -34,13 +37,15 @@ pub struct BundledConfig {
 }
 
 impl BundledConfig {
-    /// Three ranks, two minutes to start, no extra arguments, the default [`Backoff`].
+    /// Three ranks, two minutes to start, the engine's own defaults, no extra arguments, the
+    /// default [`Backoff`].
     pub fn new(engine_bin: impl Into<PathBuf>, model: impl Into<PathBuf>) -> Self {
         Self {
             engine_bin: engine_bin.into(),
             model: model.into(),
             ranks: 3,
             start_timeout: Duration::from_secs(120),
+            defaults: Vec::new(),
             extra_args: Vec::new(),
             env: Vec::new(),
             backoff: Backoff::default(),
@@ -86,6 +91,13 @@ impl BundledConfig {
             // A dead rank: restart the whole pipeline now, not after the unhealthy limit.
             "--exit-when-a-rank-exits".to_owned(),
         ];
+        for (flag, value) in &self.defaults {
+            let flag = format!("--default-{flag}");
+            let given = |a: &String| a == &flag || a.starts_with(&format!("{flag}="));
+            if !self.extra_args.iter().any(given) {
+                args.extend([flag, value.clone()]);
+            }
+        }
         args.extend(self.extra_args.iter().cloned());
         args
     }

@@ -51,6 +51,14 @@ fn engine_command_line() {
         "serve --ranks 3 --listen 127.0.0.1:4321 --model /models/m.gguf --exit-with-parent \
          --exit-when-a-rank-exits --threads 2"
     );
+    // The policy's generation defaults, unless the command line gives the same flag.
+    config.defaults = vec![("temperature", "0.7".into()), ("top-k", "20".into())];
+    config.extra_args = vec!["--default-top-k".into(), "5".into()];
+    assert_eq!(
+        config.args(addr).join(" "),
+        "serve --ranks 3 --listen 127.0.0.1:4321 --model /models/m.gguf --exit-with-parent \
+         --exit-when-a-rank-exits --default-temperature 0.7 --default-top-k 5"
+    );
 }
 
 #[tokio::test]

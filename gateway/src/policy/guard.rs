@@ -52,6 +52,7 @@ restart_keys!(
     upstream.urls,
     upstream.ranks,
     upstream.start_timeout,
+    upstream.sampling,
     upstream.ca,
     upstream.tokenizer,
     upstream.model,

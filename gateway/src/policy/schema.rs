@@ -102,7 +102,6 @@ pub struct Admission {
     pub heavy_input_tokens: usize,
     /// Heavy requests active at once.
     pub heavy_active_max: usize,
-}
     /// Admit by predicted time to first token: refuse at once (503 `deadline_unmeetable`) a
     /// request whose class deadline cannot be met. Off: count-based admission only.
     pub predictive: bool,
@@ -160,6 +159,7 @@ impl Default for Cost {
             refit: true,
         }
     }
+}
 
 impl Default for Admission {
     fn default() -> Self {
@@ -169,13 +169,13 @@ impl Default for Admission {
             queue_wait_max: Duration::from_secs(60),
             heavy_input_tokens: 4096,
             heavy_active_max: 1,
-        }
             predictive: true,
             interactive_ttft_deadline: Duration::from_secs(5),
             batch_ttft_deadline: Duration::from_secs(120),
             prefill_tokens_max: 8192,
             fair_output_weight: 2.0,
             cost: Cost::default(),
+        }
     }
 }
 
@@ -206,6 +206,8 @@ pub struct Upstream {
     /// Bundled engine: how long its start may take before it counts as failed.
     #[serde(with = "super::duration")]
     pub start_timeout: Duration,
+    /// Bundled engine: generation defaults for requests that leave a field out.
+    pub sampling: SamplingDefaults,
     /// Longest silence from the upstream (waiting for its headers, or between two pieces of
     /// its body) before the request is failed with `upstream_timeout`.
     #[serde(with = "super::duration")]
@@ -256,6 +258,7 @@ impl Default for Upstream {
             tokenizer: None,
             ranks: 3,
             start_timeout: Duration::from_secs(120),
+            sampling: SamplingDefaults::default(),
             idle_timeout: Duration::from_secs(300),
             ca: None,
             api_key_env: None,
@@ -270,6 +273,45 @@ impl Default for Upstream {
             engine_waiting_max: 2,
             engine_kv_usage_max: 0.95,
         }
+    }
+}
+
+/// `[upstream.sampling]`: the bundled engine's generation defaults, for requests that leave the
+/// field out (its `--default-*` flags). Unset: the GGUF's `general.sampling.*`, else
+/// llama-server's (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, no repetition penalty).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplingDefaults {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// 0: no top-k cut.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<f64>,
+}
+
+impl SamplingDefaults {
+    /// The engine flag (after `--default-`) and value of each default set.
+    pub fn flags(&self) -> Vec<(&'static str, String)> {
+        let floats = [
+            ("temperature", self.temperature),
+            ("top-p", self.top_p),
+            ("min-p", self.min_p),
+            ("repetition-penalty", self.repetition_penalty),
+        ];
+        let mut out: Vec<(&'static str, String)> = floats
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v?.to_string())))
+            .collect();
+        if let Some(k) = self.top_k {
+            out.push(("top-k", k.to_string()));
+        }
+        out
     }
 }
 

@@ -321,6 +321,44 @@ refused!(
 );
 
 #[test]
+fn upstream_sampling_defaults_become_engine_flags() {
+    let p = parse("[upstream.sampling]\ntemperature = 0.7\ntop_k = 20").expect("sampling");
+    assert_eq!(
+        p.upstream.sampling.flags(),
+        [
+            ("temperature", "0.7".to_owned()),
+            ("top-k", "20".to_owned())
+        ]
+    );
+    assert!(parse("")
+        .expect("defaults")
+        .upstream
+        .sampling
+        .flags()
+        .is_empty());
+}
+refused!(
+    upstream_sampling_top_p_zero,
+    "[upstream.sampling]\ntop_p = 0",
+    "upstream.sampling.top_p: 0 is outside (0, 1]"
+);
+refused!(
+    upstream_sampling_temperature_3,
+    "[upstream.sampling]\ntemperature = 3.0",
+    "upstream.sampling.temperature: 3 is outside [0, 2]"
+);
+refused!(
+    upstream_sampling_unknown_key,
+    "[upstream.sampling]\ntop_a = 1",
+    "top_a"
+);
+refused!(
+    upstream_sampling_for_openai,
+    "[upstream]\nkind = \"openai\"\nurls = [\"http://h:1\"]\n[upstream.sampling]\ntemperature = 0.5",
+    "upstream.sampling: only the bundled engine"
+);
+
+#[test]
 fn upstream_openai_with_urls_is_accepted() {
     let text = "[upstream]\nkind = \"openai\"\nurls = [\"http://10.0.0.1:8000\", \"https://h/\"]";
     let p = parse(text).expect("openai upstream");

@@ -11,6 +11,7 @@ use std::time::Duration;
 use http::Uri;
 
 use super::load::PolicyError;
+use super::schema::SamplingDefaults;
 use super::schema::Shared;
 use super::schema::{
     Admin, Admission, Alerts, Limits, Policy, Server, Tenant, Traces, Upstream, UpstreamKind,
@@ -21,12 +22,12 @@ use super::schema::{
 pub const DURATION_MAX: Duration = Duration::from_secs(3600);
 /// The smallest `server.body_limit_bytes`: a chat request with a short prompt must fit.
 pub const BODY_LIMIT_MIN: usize = 1024;
-/// Pipeline ranks the bundled engine can run.
-pub const RANKS_MAX: usize = 30;
 /// The largest `admission.cost.*` coefficient, ms: an hour.
 pub const COST_MS_MAX: f64 = 3_600_000.0;
 /// The largest `admission.fair_output_weight`.
 pub const COST_WEIGHT_MAX: f64 = 1000.0;
+/// Pipeline ranks the bundled engine can run.
+pub const RANKS_MAX: usize = 30;
 /// `tenants[].requests_per_second` range: one request per ~17 minutes up to a million per second
 /// (outside it the GCRA period does not fit a `Duration` or rounds to zero).
 pub const RPS_MIN: f64 = 0.001;
@@ -237,16 +238,6 @@ fn admission(a: &Admission, l: &Limits, out: &mut Problems) {
             ),
         );
     }
-    if a.heavy_input_tokens > l.input_tokens_max {
-        out.add(
-            "admission.heavy_input_tokens",
-            format!(
-                "{} is larger than limits.input_tokens_max ({}), so no request could be heavy",
-                a.heavy_input_tokens, l.input_tokens_max
-            ),
-        );
-    }
-}
     for (key, d) in [
         (
             "admission.interactive_ttft_deadline",
@@ -298,6 +289,16 @@ fn admission(a: &Admission, l: &Limits, out: &mut Problems) {
             "a decode step cannot be free: decode_base_ms or decode_ms_per_seq must be positive",
         );
     }
+    if a.heavy_input_tokens > l.input_tokens_max {
+        out.add(
+            "admission.heavy_input_tokens",
+            format!(
+                "{} is larger than limits.input_tokens_max ({}), so no request could be heavy",
+                a.heavy_input_tokens, l.input_tokens_max
+            ),
+        );
+    }
+}
 
 fn upstream(u: &Upstream, out: &mut Problems) {
     match u.kind {
@@ -335,7 +336,14 @@ fn upstream(u: &Upstream, out: &mut Problems) {
                 DURATION_MAX,
                 false,
             );
+            sampling(&u.sampling, out);
         }
+    }
+    if u.kind == UpstreamKind::Openai && u.sampling != SamplingDefaults::default() {
+        out.add(
+            "upstream.sampling",
+            "only the bundled engine takes defaults from the policy (set them on the server)",
+        );
     }
     out.duration("upstream.idle_timeout", u.idle_timeout, DURATION_MAX, false);
     if u.model.as_ref().is_some_and(|m| m.trim().is_empty()) {
@@ -352,6 +360,26 @@ fn upstream(u: &Upstream, out: &mut Problems) {
             "upstream.tokenizer",
             "must not be empty (leave it out for the bundled model's)",
         );
+    }
+}
+
+/// `[upstream.sampling]`: the ranges the engine accepts per request.
+fn sampling(d: &SamplingDefaults, out: &mut Problems) {
+    let ranges = [
+        ("temperature", d.temperature, 0.0, 2.0, true),
+        ("top_p", d.top_p, 0.0, 1.0, false),
+        ("min_p", d.min_p, 0.0, 1.0, true),
+        ("repetition_penalty", d.repetition_penalty, 0.0, 2.0, false),
+    ];
+    for (key, value, lo, hi, lo_ok) in ranges {
+        let Some(v) = value else { continue };
+        if !(v.is_finite() && (v > lo || (lo_ok && v == lo)) && v <= hi) {
+            let open = if lo_ok { "[" } else { "(" };
+            out.add(
+                format!("upstream.sampling.{key}"),
+                format!("{v} is outside {open}{lo}, {hi}]"),
+            );
+        }
     }
 }
 

@@ -97,6 +97,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let mut cfg = BundledConfig::new(BundledConfig::locate_engine_bin()?, model.clone());
             cfg.ranks = policy.upstream.ranks;
             cfg.start_timeout = policy.upstream.start_timeout;
+            cfg.defaults = policy.upstream.sampling.flags();
             cfg.extra_args = args.engine_args.clone();
             if let Some(o) = &otlp {
                 // The engine's spans join the gateway's traces, under their own service name.
