@@ -368,10 +368,7 @@ async fn the_status_page_shows_what_metrics_say() {
     assert_ne!(shown("queue-wait-p95"), "—");
     // The chart: one predicted and one actual dot per admitted stream with a first token.
     let points = stats["prediction"]["points"].as_array().map_or(0, Vec::len);
-    assert!(
-        points >= 2,
-        "two finished streams: {stats}"
-    );
+    assert!(points >= 2, "two finished streams: {stats}");
     assert_eq!(shown("prediction-points"), points.to_string());
     assert_eq!(dom.matches("class=\"predicted\"").count(), points, "{dom}");
     assert_eq!(dom.matches("class=\"actual\"").count(), points);

@@ -198,7 +198,11 @@ async fn answer(
         tokio::time::sleep(shared.delay).await;
     }
     Ok(if shared.busy {
-        reply(StatusCode::SERVICE_UNAVAILABLE, "application/json", BUSY_JSON)
+        reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "application/json",
+            BUSY_JSON,
+        )
     } else if stream {
         reply(StatusCode::OK, "text/event-stream", sse)
     } else {

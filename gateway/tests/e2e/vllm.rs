@@ -79,7 +79,7 @@ fn start() -> Option<Vllm> {
     let log = std::env::temp_dir().join(format!("sluice-vllm-{}.log", std::process::id()));
     let log_file = std::fs::File::create(&log).expect("log");
     // The engine goes when this process does: a watcher shell kills it once its parent is gone.
-    std::process::Command::new("bash")
+    let mut watcher = std::process::Command::new("bash")
         .arg("-c")
         .arg(r#""$@" & child=$!; while kill -0 "$PPID" 2>/dev/null && kill -0 "$child" 2>/dev/null; do sleep 1; done; kill "$child" 2>/dev/null; sleep 2; kill -9 "$child" 2>/dev/null"#)
         .arg("vllm")
@@ -90,6 +90,8 @@ fn start() -> Option<Vllm> {
         .stderr(log_file)
         .spawn()
         .expect("start vLLM");
+    // Reaped by a thread of its own: it ends with this process (the watcher's rule above).
+    std::thread::spawn(move || watcher.wait());
     let addr = format!("127.0.0.1:{port}");
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(600) {
