@@ -47,13 +47,22 @@ fn start() -> Option<Vllm> {
     );
     let (py, model_dir) = (dir.join("venv/bin/python"), dir.join("model"));
     wait_for_install();
-    // One already running (started by `scripts/vllm-peer.sh start PORT --max-num-seqs 8
-    // --max-num-queued-reqs 10`): saves its minutes of start-up between runs by hand.
+    // One already running or starting (`scripts/vllm-peer.sh start PORT --max-num-seqs 8
+    // --max-num-queued-reqs 10`; .ci/run starts it while the tests build): waited for until
+    // healthy. Saves its minutes of start-up.
     if let Ok(url) = std::env::var("SLUICE_VLLM_URL") {
         let addr = url
             .trim_start_matches("http://")
             .trim_end_matches('/')
             .to_owned();
+        let started = Instant::now();
+        while get(&addr, "/health").is_none_or(|(status, _)| status != 200) {
+            assert!(
+                started.elapsed() < Duration::from_secs(600),
+                "the vLLM at SLUICE_VLLM_URL={url} was not healthy within 600 s"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
         return Some(Vllm {
             url: format!("http://{addr}"),
             addr,
