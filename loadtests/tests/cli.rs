@@ -181,13 +181,16 @@ async fn calibrate_writes_the_admission_policy() {
     let out = cli(a, &model).await;
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    // Levels 1, 2, 4 and 8 (the first over the target ends the sweep), then two rates.
+    // Levels 1, 2, 4 and 8 (the first over the target ends the sweep), then two rates, then
+    // the cost model's three prefill probes (256, 1K and 4K prompt tokens, 2 requests each).
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("calibrate"))
+        .collect();
+    assert_eq!(rows.len(), 9, "{stdout}");
     assert_eq!(
-        stdout
-            .lines()
-            .filter(|l| l.starts_with("calibrate"))
-            .count(),
-        6,
+        rows.iter().filter(|l| l.contains(" 2/2 ")).count(),
+        3,
         "{stdout}"
     );
     let toml = std::fs::read_to_string(&policy).unwrap();
