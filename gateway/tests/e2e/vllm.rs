@@ -431,46 +431,38 @@ async fn vllm_busy_answer_becomes_the_gateways_overloaded_and_the_gate_reads_its
     // requests in its own queue, where the wait is measured, and sends them once it drains.
     let mut p = gateway_policy(v, 4);
     p.upstream.engine_waiting_max = 0;
-    let gw = gateway(v, p).await;
-    let load = flood(v, 2).await;
-    assert!(
-        wait_for(v, "vllm:num_requests_waiting", 1.0).await,
-        "vLLM never queued"
-    );
-    let app = gw.app.clone();
-    assert!(
-        eventually(Duration::from_secs(5), || app
-            .admission
-            .snapshot()
-            .active_max
-            == 0)
-        .await,
-        "the gate did not close on vLLM's queue"
-    );
-    let (status, headers, body) = gw
-        .client()
-        .post("/v1/chat/completions", &chat("hi", 4))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let queued: u64 = headers["x-sluice-queue-ms"]
-        .to_str()
-        .expect("h")
-        .parse()
-        .expect("ms");
-    assert!(queued > 0, "the request did not wait in the gateway");
-    let _ = futures_join(load).await;
-    gw.shutdown().await;
+    gate_holds_then_serves(v, p, 2, ("vllm:num_requests_waiting", 1.0), "vLLM's queue").await;
 
     // Phase 3: the gate on KV use (`vllm:kv_cache_usage_perc` above 0.1%; 8 running essays of
     // ~250 tokens hold about 4% of its 46,592-token cache), no queue needed.
     let mut p = gateway_policy(v, 4);
     p.upstream.engine_waiting_max = 100;
     p.upstream.engine_kv_usage_max = 0.001;
-    let gw = gateway(v, p).await;
-    let load = flood(v, 0).await;
+    gate_holds_then_serves(
+        v,
+        p,
+        0,
+        ("vllm:kv_cache_usage_perc", 0.002),
+        "vLLM's KV use",
+    )
+    .await;
+}
+
+/// Behind `policy`, floods vLLM (8 running, `waiting` more) until `signal` reaches its level;
+/// then the saturation gate must close on it (`what`), and a request must wait in the gateway
+/// and be served once vLLM drains.
+async fn gate_holds_then_serves(
+    v: &Vllm,
+    policy: Policy,
+    waiting: usize,
+    (signal, at_least): (&str, f64),
+    what: &str,
+) {
+    let gw = gateway(v, policy).await;
+    let load = flood(v, waiting).await;
     assert!(
-        wait_for(v, "vllm:kv_cache_usage_perc", 0.002).await,
-        "vLLM's KV use never rose"
+        wait_for(v, signal, at_least).await,
+        "{signal} never reached {at_least}"
     );
     let app = gw.app.clone();
     assert!(
@@ -480,7 +472,7 @@ async fn vllm_busy_answer_becomes_the_gateways_overloaded_and_the_gate_reads_its
             .active_max
             == 0)
         .await,
-        "the gate did not close on vLLM's KV use"
+        "the gate did not close on {what}"
     );
     let (status, headers, body) = gw
         .client()
@@ -492,7 +484,10 @@ async fn vllm_busy_answer_becomes_the_gateways_overloaded_and_the_gate_reads_its
         .expect("h")
         .parse()
         .expect("ms");
-    assert!(queued > 0, "the request did not wait for the KV cache");
+    assert!(
+        queued > 0,
+        "the request did not wait in the gateway for {what}"
+    );
     let _ = futures_join(load).await;
     gw.shutdown().await;
 }
