@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# `sluice-engine bench` against llama.cpp's `llama-bench`, per SIMD level, in the same minutes
+# (issue 19, item 3 "Engine"): pp512, pp4096, pp8192, tg128 at batch 1, and batch 8.
+#
+#   loadtests/bench/engine-vs-llama-bench.sh OUT_DIR
+#
+# For each level in LEVELS (default "native avx2"): sluice-engine (SLUICE_SIMD=<level> unless
+# native), then llama-bench from PEER_<LEVEL> (for avx2, a build without AVX-512), each first
+# at 512 prompt tokens and 128 decode tokens (REPS repetitions), then 4,096 and 8,192 prompt
+# tokens once. Raw output in OUT_DIR/<level>-{engine,llama}.txt.
+#
+# Environment: CARGO_TARGET_DIR (default target), PEER_NATIVE, PEER_AVX2, LEVELS, REPS (3).
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: $0 OUT_DIR}
+mkdir -p "$OUT"
+BIN=${CARGO_TARGET_DIR:-target}/release
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+PEER_NATIVE=${PEER_NATIVE:-/tmp/peer/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin}
+PEER_AVX2=${PEER_AVX2:-/tmp/peer-avx2/build/bin}
+REPS=${REPS:-3}
+
+stamp() { echo "# $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg) $*"; }
+
+for level in ${LEVELS-native avx2}; do
+    simd=()
+    [[ $level != native ]] && simd=(env "SLUICE_SIMD=$level")
+    peer=$PEER_NATIVE
+    [[ $level == avx2 ]] && peer=$PEER_AVX2
+    {
+        stamp engine short
+        "${simd[@]}" "$BIN/sluice-engine" bench --threads 2 --prefill-tokens 512 \
+            --decode-tokens 128 --batches 1,8 --repetitions "$REPS"
+        stamp engine long
+        "${simd[@]}" "$BIN/sluice-engine" bench --threads 2 --prefill-tokens 4096,8192 \
+            --decode-tokens 0 --repetitions 1
+    } >>"$OUT/$level-engine.txt" 2>&1
+    {
+        stamp llama short
+        LD_LIBRARY_PATH=$peer "$peer/llama-bench" -m "$MODEL" -t 2 -p 512 -n 128 -r "$REPS"
+        stamp llama long
+        LD_LIBRARY_PATH=$peer "$peer/llama-bench" -m "$MODEL" -t 2 -p 4096,8192 -n 0 -r 1
+    } >>"$OUT/$level-llama.txt" 2>&1
+done
