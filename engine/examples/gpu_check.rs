@@ -1,6 +1,9 @@
 //! The device check (`scripts/gpu-check.sh` runs it on a GPU machine): every kernel against its
 //! CPU twin on seeded random inputs with the model's shapes, and the kernels' own timings.
-//! Writes `gpu-check.json` to the directory it is given and prints one line per check.
+//! Writes `gpu-check.json` to the directory it is given and prints one line per check; then the
+//! model-level checks (`backend::cuda::model_check`: the synthetic model on CPU and CUDA for 1
+//! and 3 ranks, and bench with and without graphs) into `gpu-check-model.json`, unless the
+//! second argument is `--kernels`.
 //!
 //! `cargo run --release -p sluice-engine --features cuda --example gpu_check -- OUT_DIR`
 //! (with `SLUICE_CUDA_PTX=target/cuda-ptx` where the machine's NVRTC is not 12.x).
@@ -398,7 +401,26 @@ fn main() -> ExitCode {
         r.checks.len(),
         errors.len()
     );
-    if failed == 0 && errors.is_empty() {
+    drop(gpu);
+    // The model-level checks (synthetic model, CPU against CUDA, bench); `--kernels` skips them.
+    let mut model_ok = true;
+    if std::env::args().nth(2).as_deref() != Some("--kernels") {
+        match sluice_engine::backend::cuda::model_check::run(&std::env::temp_dir()) {
+            Ok((report, ok)) => {
+                model_ok = ok;
+                let _ = std::fs::write(format!("{out}/gpu-check-model.json"), report.to_string());
+                println!(
+                    "gpu-check: model checks {}; {out}/gpu-check-model.json",
+                    if ok { "passed" } else { "FAILED" }
+                );
+            }
+            Err(e) => {
+                model_ok = false;
+                eprintln!("gpu-check: model checks: {e}");
+            }
+        }
+    }
+    if failed == 0 && errors.is_empty() && model_ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

@@ -170,6 +170,24 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
     /// Copies rows `rows` (each `width` wide) of `x` into consecutive rows of `out`.
     fn gather_rows(&self, x: &Self::Buf, rows: &[usize], width: usize, out: &mut Self::Buf);
+    /// Runs a forward pass's blocks, `body(seqs, hidden, rows)`, over `rows` rows of `hidden`
+    /// (each `width` wide). A backend may replay a decode step from a captured graph (the CUDA
+    /// backend's decode graphs): it may then call `body` with the batch padded (extra one-row
+    /// sequences with no block table), on a buffer of its own, more than once, or with its
+    /// operations recorded rather than run; so `body` must do nothing but call this backend's
+    /// operations.
+    #[allow(clippy::type_complexity)]
+    fn run_blocks(
+        &self,
+        seqs: &[SeqRows<'_>],
+        hidden: &mut Self::Buf,
+        rows: usize,
+        width: usize,
+        body: &mut dyn FnMut(&[SeqRows<'_>], &mut Self::Buf, usize),
+    ) {
+        let _ = width;
+        body(seqs, hidden, rows)
+    }
 }
 
 /// The device a user asked for on the command line.

@@ -4,14 +4,20 @@
 //! Per-step inputs (token ids, positions, KV slots, block tables, lengths) go through scratch
 //! buffers that grow to the largest step seen and are then reused, as are the Q8_1 activations
 //! and the split-KV partials: after the first steps of each shape nothing is allocated in the
-//! decode loop. The trait's operations return nothing, so a device error after start (which the
-//! probe and [`Gpu::open`] cannot rule out, e.g. an Xid) ends the process with its message.
+//! decode loop. Decode steps are captured into CUDA graphs and replayed ([`replay`]); while a
+//! step is recorded, the operations stage their per-step inputs into one buffer instead of
+//! copying them, and hash their launches. The trait's operations return nothing, so a device
+//! error after start (which the probe and [`Gpu::open`] cannot rule out, e.g. an Xid) ends the
+//! process with its message.
+
+mod replay;
 
 use std::sync::Mutex;
 
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, PushKernelArg, ValidAsZeroBits};
 
 use super::device::{config, driver, Gpu};
+use super::graphs::{Fingerprint, GraphConfig, Staging};
 use super::launch::{self, MATVEC_MAX_BATCH};
 use crate::backend::cpu::kernels::dequantize_row;
 use crate::backend::{AttnShape, Backend, WeightSource};
@@ -41,15 +47,43 @@ pub struct CudaKv {
     v: Vec<CudaSlice<u16>>,
 }
 
-/// Device buffers reused from step to step (grown, never shrunk).
+/// How the operations run: launched now, recorded into a graph being captured, or only
+/// recorded (staged and hashed) for a replay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Mode {
+    #[default]
+    Eager,
+    Capture,
+    Replay,
+}
+
+/// Device buffers reused from step to step (grown, never shrunk), and the recording state.
 #[derive(Debug, Default)]
 struct Scratch {
     qs: Option<CudaSlice<i8>>,
     ds: Option<CudaSlice<f32>>,
     ints: Vec<Option<CudaSlice<i32>>>,
-    floats: Option<CudaSlice<f32>>,
+    /// RoPE's inverse frequencies, for `(rope_dims, head_dim, base bits)`.
+    inv_freq: Option<((usize, usize, u32), CudaSlice<f32>)>,
     part_acc: Option<CudaSlice<f32>>,
     part_ml: Option<CudaSlice<f32>>,
+    mode: Mode,
+    /// The recorded step's per-step inputs and their device buffer.
+    staging: Staging,
+    staged: Option<CudaSlice<i32>>,
+    fingerprint: Fingerprint,
+    /// Why the recorded step cannot be a graph (an allocation, a failed launch).
+    broken: Option<String>,
+}
+
+impl Scratch {
+    fn recording(&self) -> bool {
+        self.mode != Mode::Eager
+    }
+
+    fn break_recording(&mut self, why: impl Into<String>) {
+        self.broken.get_or_insert_with(|| why.into());
+    }
 }
 
 /// The CUDA backend.
@@ -57,6 +91,7 @@ struct Scratch {
 pub struct CudaBackend {
     gpu: Gpu,
     scratch: Mutex<Scratch>,
+    graphs: Mutex<replay::Graphs>,
 }
 
 /// A device error inside an operation that cannot return one: the process cannot go on.
@@ -76,11 +111,27 @@ impl<T> OrDie<T> for Result<T> {
 }
 
 impl CudaBackend {
-    /// GPU `ordinal`, kernels for heads of `head_dim`.
+    /// GPU `ordinal`, kernels for heads of `head_dim`, decode graphs as
+    /// [`GraphConfig::from_env`] says (on by default).
     pub fn new(ordinal: usize, head_dim: usize) -> Result<Self> {
+        let cfg = GraphConfig::from_env().map_err(Error::InvalidRequest)?;
+        Self::with_graphs(ordinal, head_dim, cfg)
+    }
+
+    /// GPU `ordinal`, decode graphs captured for `graphs`' buckets (none: every step eager).
+    pub fn with_graphs(ordinal: usize, head_dim: usize, graphs: GraphConfig) -> Result<Self> {
+        if graphs.enabled() {
+            tracing::info!(
+                "GPU {ordinal}: decode graphs for batches {:?}",
+                graphs.buckets
+            );
+        } else {
+            tracing::info!("GPU {ordinal}: decode graphs off, every step eager");
+        }
         Ok(Self {
             gpu: Gpu::open(ordinal, head_dim)?,
             scratch: Mutex::default(),
+            graphs: Mutex::new(replay::Graphs::new(graphs)),
         })
     }
 
@@ -92,24 +143,42 @@ impl CudaBackend {
         s.device_ptr(&self.gpu.stream).0
     }
 
-    /// Grows `slot` to hold `n` elements; returns its device pointer.
+    /// Grows `slot` to hold `n` elements (not while a step is recorded: that breaks the
+    /// recording, and the step runs eagerly); returns its device pointer.
     fn grow<T: DeviceRepr + ValidAsZeroBits>(
         &self,
+        broken: &mut Option<String>,
+        recording: bool,
         slot: &mut Option<CudaSlice<T>>,
         n: usize,
     ) -> u64 {
         if slot.as_ref().is_none_or(|s| s.len() < n) {
+            if recording {
+                broken.get_or_insert_with(|| "a scratch buffer had to grow".into());
+                return 0;
+            }
             *slot = Some(self.gpu.zeros::<T>(n.next_power_of_two()).or_die());
         }
         self.ptr(slot.as_ref().expect("grown"))
     }
 
-    /// Copies `data` into scratch int buffer `i` (grown as needed); its device pointer.
+    /// Copies `data` into scratch int buffer `i` (grown as needed); its device pointer. While a
+    /// step is recorded, stages it instead (copied once before the graph launch).
     fn ints(&self, sc: &mut Scratch, i: usize, data: &[i32]) -> u64 {
+        if sc.recording() {
+            let off = sc.staging.stage(i as u8, data);
+            return match &sc.staged {
+                Some(buf) if off + data.len() <= buf.len() => self.ptr(buf) + (off * 4) as u64,
+                _ => {
+                    sc.break_recording("the staging buffer is full");
+                    0
+                }
+            };
+        }
         if sc.ints.len() <= i {
             sc.ints.resize_with(i + 1, || None);
         }
-        let p = self.grow(&mut sc.ints[i], data.len().max(1));
+        let p = self.grow(&mut None, false, &mut sc.ints[i], data.len().max(1));
         let buf = sc.ints[i].as_mut().expect("grown");
         self.gpu
             .stream
@@ -119,7 +188,17 @@ impl CudaBackend {
         p
     }
 
-    fn launch(&self, name: &str, shape: launch::Shape, args: &[Arg]) {
+    /// Launches `name` now (eager or captured); while a step is recorded for a replay, only
+    /// hashes the launch.
+    fn launch(&self, sc: &mut Scratch, name: &str, shape: launch::Shape, args: &[Arg]) {
+        if sc.recording() {
+            let key: Vec<u64> = args.iter().map(Arg::bits).collect();
+            sc.fingerprint
+                .launch(name, (shape.grid, shape.block, shape.shared_bytes), key);
+            if sc.mode == Mode::Replay {
+                return;
+            }
+        }
         let mut b = self.gpu.stream.launch_builder(self.gpu.function(name));
         for a in args {
             match a {
@@ -130,16 +209,21 @@ impl CudaBackend {
         }
         // SAFETY: every caller passes the kernel's own argument list (pointers to device buffers
         // that hold what the kernel touches for the launch's shape, checked by the model's sizes).
-        unsafe { b.launch(config(shape)) }
-            .map_err(|e| driver(name, e))
-            .or_die();
+        let done = unsafe { b.launch(config(shape)) }.map_err(|e| driver(name, e));
+        match done {
+            // A failed capture is logged and the step runs eagerly from then on.
+            Err(e) if sc.mode == Mode::Capture => sc.break_recording(e.to_string()),
+            other => {
+                other.or_die();
+            }
+        }
     }
 
     /// Quantizes `rows` rows of `cols` at `x` into the scratch Q8_1 buffers: their pointers.
     fn quantize(&self, sc: &mut Scratch, x: u64, rows: usize, cols: usize) -> (u64, u64) {
-        let qs = self.grow(&mut sc.qs, rows * cols);
-        let ds = self.grow(&mut sc.ds, rows * cols / 16);
+        let (qs, ds) = self.q8_1(sc, rows, cols);
         self.launch(
+            sc,
             "quantize_q8_1",
             launch::per_row(rows),
             &[Arg::P(x), Arg::I(cols as i32), Arg::P(qs), Arg::P(ds)],
@@ -159,9 +243,9 @@ impl CudaBackend {
         xn: &CudaSlice<f32>,
     ) -> (u64, u64) {
         let cols = Self::cols(norm);
-        let qs = self.grow(&mut sc.qs, rows * cols);
-        let ds = self.grow(&mut sc.ds, rows * cols / 16);
+        let (qs, ds) = self.q8_1(sc, rows, cols);
         self.launch(
+            sc,
             "add_rms_norm_quant",
             launch::per_row(rows),
             &[
@@ -179,7 +263,17 @@ impl CudaBackend {
     }
 
     /// `out = q8_1(x) · wᵀ (+ out when add)` for `rows` activation rows, 8 at a time.
-    fn product(&self, w: &CudaWeight, qs: u64, ds: u64, rows: usize, out: u64, add: bool) {
+    #[allow(clippy::too_many_arguments)]
+    fn product(
+        &self,
+        sc: &mut Scratch,
+        w: &CudaWeight,
+        qs: u64,
+        ds: u64,
+        rows: usize,
+        out: u64,
+        add: bool,
+    ) {
         let CudaWeight::Matrix {
             dtype,
             rows: wr,
@@ -199,6 +293,7 @@ impl CudaBackend {
             let n = (rows - first).min(MATVEC_MAX_BATCH);
             let o = out + (first * wr * 4) as u64;
             self.launch(
+                sc,
                 name,
                 launch::matvec(*wr),
                 &[
@@ -213,6 +308,30 @@ impl CudaBackend {
                 ],
             );
         }
+    }
+
+    /// The scratch Q8_1 buffers for `rows` rows of `cols`: quants, then scale pairs.
+    fn q8_1(&self, sc: &mut Scratch, rows: usize, cols: usize) -> (u64, u64) {
+        let rec = sc.recording();
+        let qs = self.grow(&mut sc.broken, rec, &mut sc.qs, rows * cols);
+        let ds = self.grow(&mut sc.broken, rec, &mut sc.ds, rows * cols / 16);
+        (qs, ds)
+    }
+
+    /// RoPE's inverse frequencies on the device, uploaded once (the CPU's angles).
+    fn inv_freq(&self, sc: &mut Scratch, head_dim: usize, rope_dims: usize, base: f32) -> u64 {
+        let key = (rope_dims, head_dim, base.to_bits());
+        if sc.inv_freq.as_ref().is_none_or(|(k, _)| *k != key) {
+            if sc.recording() {
+                sc.break_recording("RoPE's frequencies changed");
+                return 0;
+            }
+            let inv: Vec<f32> = (0..head_dim / 2)
+                .map(|i| base.powf(-2.0 * i as f32 / rope_dims as f32))
+                .collect();
+            sc.inv_freq = Some((key, self.gpu.upload(&inv).or_die()));
+        }
+        self.ptr(&sc.inv_freq.as_ref().expect("uploaded").1)
     }
 
     fn vector(&self, w: &CudaWeight) -> u64 {
@@ -241,6 +360,17 @@ enum Arg {
     P(u64),
     I(i32),
     F(f32),
+}
+
+impl Arg {
+    /// The argument's bits (what a graph bakes in), for the step's fingerprint.
+    fn bits(&self) -> u64 {
+        match *self {
+            Arg::P(p) => p,
+            Arg::I(i) => u64::from(i as u32) | 1 << 32,
+            Arg::F(f) => u64::from(f.to_bits()) | 2 << 32,
+        }
+    }
 }
 
 impl Backend for CudaBackend {
@@ -283,11 +413,20 @@ impl Backend for CudaBackend {
     }
 
     fn alloc(&self, len: usize) -> CudaSlice<f32> {
+        let mut sc = self.lock();
+        if sc.mode == Mode::Capture {
+            // Not expected (the step ran eagerly just before with the same rows), but an
+            // allocation inside a capture would be part of the graph: this one is not kept.
+            sc.break_recording("a buffer was allocated during the capture");
+        }
+        drop(sc);
         self.gpu.zeros(len).or_die()
     }
 
+    /// One block more than `spec` asks for: block `spec.n_blocks` is the scratch block that a
+    /// decode graph's padding rows write to and read from.
     fn alloc_kv(&self, spec: KvSpec) -> Result<CudaKv> {
-        let per_layer = spec.n_blocks * BLOCK_SIZE * spec.kv_dim;
+        let per_layer = (spec.n_blocks + 1) * BLOCK_SIZE * spec.kv_dim;
         let mut k = Vec::with_capacity(spec.n_layers);
         let mut v = Vec::with_capacity(spec.n_layers);
         for _ in 0..spec.n_layers {
@@ -337,6 +476,7 @@ impl Backend for CudaBackend {
         let mut sc = self.lock();
         let idp = self.ints(&mut sc, 0, &ids);
         self.launch(
+            &mut sc,
             "embed_q8_0",
             launch::rope_kv(ids.len()),
             &[
@@ -371,7 +511,7 @@ impl Backend for CudaBackend {
         let mut sc = self.lock();
         let (qs, ds) = self.quantize(&mut sc, self.ptr(x), rows, Self::cols(ws[0]));
         for (w, out) in ws.iter().zip(outs.iter()) {
-            self.product(w, qs, ds, rows, self.ptr(out), false);
+            self.product(&mut sc, w, qs, ds, rows, self.ptr(out), false);
         }
     }
 
@@ -388,7 +528,7 @@ impl Backend for CudaBackend {
         let mut sc = self.lock();
         let (qs, ds) = self.norm_quant(&mut sc, x, norm, eps, rows, xn);
         for (w, out) in ws.iter().zip(outs.iter()) {
-            self.product(w, qs, ds, rows, self.ptr(out), false);
+            self.product(&mut sc, w, qs, ds, rows, self.ptr(out), false);
         }
     }
 
@@ -403,7 +543,7 @@ impl Backend for CudaBackend {
     ) {
         let mut sc = self.lock();
         let (qs, ds) = self.quantize(&mut sc, self.ptr(y), rows, Self::cols(w));
-        self.product(w, qs, ds, rows, self.ptr(x), true);
+        self.product(&mut sc, w, qs, ds, rows, self.ptr(x), true);
     }
 
     fn swiglu_matmul_add(
@@ -418,9 +558,9 @@ impl Backend for CudaBackend {
         x: &mut CudaSlice<f32>,
     ) {
         let mut sc = self.lock();
-        let qs = self.grow(&mut sc.qs, rows * ffn);
-        let ds = self.grow(&mut sc.ds, rows * ffn / 16);
+        let (qs, ds) = self.q8_1(&mut sc, rows, ffn);
         self.launch(
+            &mut sc,
             "swiglu_quant",
             launch::per_row(rows),
             &[
@@ -431,7 +571,7 @@ impl Backend for CudaBackend {
                 Arg::P(ds),
             ],
         );
-        self.product(w, qs, ds, rows, self.ptr(x), true);
+        self.product(&mut sc, w, qs, ds, rows, self.ptr(x), true);
     }
 
     fn rope(
@@ -444,26 +584,16 @@ impl Backend for CudaBackend {
         base: f32,
     ) {
         assert_eq!(head_dim, 64, "kernels compiled for heads of 64");
-        let inv: Vec<f32> = (0..head_dim / 2)
-            .map(|i| base.powf(-2.0 * i as f32 / rope_dims as f32))
-            .collect();
         let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
         let zeros = vec![0i32; pos.len()];
         let mut sc = self.lock();
         let pp = self.ints(&mut sc, 1, &pos);
-        let sp = self.ints(&mut sc, 2, &zeros);
-        let fp = self.grow(&mut sc.floats, inv.len());
-        self.gpu
-            .stream
-            .memcpy_htod(
-                &inv,
-                &mut sc.floats.as_mut().expect("grown").slice_mut(..inv.len()),
-            )
-            .map_err(|e| driver("copy to the GPU", e))
-            .or_die();
+        let sp = self.ints(&mut sc, 10, &zeros);
+        let fp = self.inv_freq(&mut sc, head_dim, rope_dims, base);
         let xp = self.ptr(x);
         // q-style rows only: no kv heads, so nothing is stored.
         self.launch(
+            &mut sc,
             "rope_kv_store",
             launch::rope_kv(pos.len()),
             &[
@@ -499,32 +629,19 @@ impl Backend for CudaBackend {
             head_dim,
         } = shape;
         debug_assert!(layer < kv.spec.n_layers && n_kv * head_dim == kv.spec.kv_dim);
-        let rows: usize = seqs.iter().map(|s| s.start + s.len).max().unwrap_or(0);
-        let mut slots = vec![0i32; rows];
-        for s in seqs {
-            for r in 0..s.len {
-                slots[s.start + r] = s.slot(s.pos + r) as i32;
-            }
-        }
-        let max_blocks = seqs
-            .iter()
-            .map(|s| s.blocks.len())
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let mut tables = vec![0i32; seqs.len() * max_blocks];
-        for (i, s) in seqs.iter().enumerate() {
-            for (j, &b) in s.blocks.iter().enumerate() {
-                tables[i * max_blocks + j] = b as i32;
-            }
-        }
+        // Padding rows of a decode graph use the scratch block past the pool (`alloc_kv`).
+        let inputs = launch::attention_inputs(seqs, kv.spec.n_blocks as u32);
+        let rows = inputs.slots.len();
+        let max_blocks = inputs.width;
         let (kc, vc) = (self.ptr(&kv.k[layer]), self.ptr(&kv.v[layer]));
-        let mut sc = self.lock();
-        let sp = self.ints(&mut sc, 2, &slots);
-        let tp = self.ints(&mut sc, 3, &tables);
+        let mut guard = self.lock();
+        let sc = &mut *guard;
+        let sp = self.ints(sc, 2, &inputs.slots);
+        let tp = self.ints(sc, 3, &inputs.tables);
         // Store this step's keys and values (no rotation: RoPE ran on k already).
         let (kp, vp) = (self.ptr(k), self.ptr(v));
         self.launch(
+            sc,
             "rope_kv_store",
             launch::rope_kv(rows),
             &[
@@ -544,24 +661,21 @@ impl Backend for CudaBackend {
         let scale = 1.0 / (head_dim as f32).sqrt();
         let (qp, op) = (self.ptr(q), self.ptr(out));
         // Decode rows in one split-KV launch; each prefill chunk in a tiled one.
-        let decode: Vec<usize> = (0..seqs.len()).filter(|&i| seqs[i].len == 1).collect();
+        let decode = &inputs.decode;
         if !decode.is_empty() {
-            let q_rows: Vec<i32> = decode.iter().map(|&i| seqs[i].start as i32).collect();
-            let lens: Vec<i32> = decode.iter().map(|&i| (seqs[i].pos + 1) as i32).collect();
-            let dtables: Vec<i32> = decode
-                .iter()
-                .flat_map(|&i| tables[i * max_blocks..(i + 1) * max_blocks].iter().copied())
-                .collect();
-            let max_len = lens.iter().copied().max().unwrap_or(1) as usize;
+            // The split plan follows the tables' width, not this step's lengths, so that a graph
+            // (captured for the width) and an eager step split alike.
             let (grid, split_len, n_splits) =
-                launch::decode(n_kv, decode.len(), max_len, self.gpu.sms);
-            let qr = self.ints(&mut sc, 4, &q_rows);
-            let lp = self.ints(&mut sc, 5, &lens);
-            let dt = self.ints(&mut sc, 6, &dtables);
+                launch::decode(n_kv, decode.len(), max_blocks * BLOCK_SIZE, self.gpu.sms);
+            let qr = self.ints(sc, 4, &inputs.q_rows);
+            let lp = self.ints(sc, 5, &inputs.lens);
+            let dt = self.ints(sc, 6, &inputs.decode_tables);
             let parts = decode.len() * n_heads * n_splits;
-            let pa = self.grow(&mut sc.part_acc, parts * head_dim);
-            let pm = self.grow(&mut sc.part_ml, parts * 2);
+            let rec = sc.recording();
+            let pa = self.grow(&mut sc.broken, rec, &mut sc.part_acc, parts * head_dim);
+            let pm = self.grow(&mut sc.broken, rec, &mut sc.part_ml, parts * 2);
             self.launch(
+                sc,
                 "attn_decode",
                 grid,
                 &[
@@ -582,6 +696,7 @@ impl Backend for CudaBackend {
                 ],
             );
             self.launch(
+                sc,
                 "attn_combine",
                 launch::combine(n_heads, decode.len(), head_dim),
                 &[
@@ -596,11 +711,12 @@ impl Backend for CudaBackend {
         }
         for (i, s) in seqs.iter().enumerate().filter(|(_, s)| s.len > 1) {
             let args = [s.start as i32, s.len as i32, s.pos as i32];
-            let fp = self.ints(&mut sc, 7, &args[..1]);
-            let cp = self.ints(&mut sc, 8, &args[1..2]);
-            let pp = self.ints(&mut sc, 9, &args[2..]);
+            let fp = self.ints(sc, 7, &args[..1]);
+            let cp = self.ints(sc, 8, &args[1..2]);
+            let pp = self.ints(sc, 9, &args[2..]);
             let tp_i = tp + (i * max_blocks * 4) as u64;
             self.launch(
+                sc,
                 "attn_prefill",
                 launch::prefill(n_heads, s.len, 1),
                 &[
@@ -623,6 +739,7 @@ impl Backend for CudaBackend {
 
     fn silu_mul(&self, gate: &mut CudaSlice<f32>, up: &CudaSlice<f32>, len: usize) {
         self.launch(
+            &mut self.lock(),
             "silu_mul_f32",
             launch::elementwise(len),
             &[
@@ -635,10 +752,22 @@ impl Backend for CudaBackend {
 
     fn add_assign(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, len: usize) {
         self.launch(
+            &mut self.lock(),
             "add_f32",
             launch::elementwise(len),
             &[Arg::P(self.ptr(x)), Arg::P(self.ptr(y)), Arg::I(len as i32)],
         );
+    }
+
+    fn run_blocks(
+        &self,
+        seqs: &[SeqRows<'_>],
+        hidden: &mut CudaSlice<f32>,
+        rows: usize,
+        width: usize,
+        body: &mut dyn FnMut(&[SeqRows<'_>], &mut CudaSlice<f32>, usize),
+    ) {
+        self.run_graphed(seqs, hidden, rows, width, body);
     }
 
     fn gather_rows(

@@ -1,4 +1,5 @@
-//! One GPU: its context and stream, the kernel modules loaded once, and a typed launcher per
+//! One GPU: its context and stream (one stream of its own, which decode graphs are captured
+//! on), the kernel modules loaded once, and a typed launcher per
 //! kernel (shapes from [`super::launch`]). The modules come from NVRTC at start when it is
 //! present, else from the PTX `make cuda-check` wrote (`SLUICE_CUDA_PTX`, a directory of
 //! `<module>.compute_90.ptx`), so a GPU machine whose NVRTC is another major version still runs.
@@ -47,7 +48,14 @@ impl Gpu {
     /// GPU `ordinal`, kernels compiled for heads of `head_dim`.
     pub fn open(ordinal: usize, head_dim: usize) -> Result<Self> {
         let ctx = CudaContext::new(ordinal).map_err(|e| driver("cannot open the GPU", e))?;
-        let stream = ctx.default_stream();
+        // SAFETY: every buffer of this GPU is used on the one stream below, in order, so cudarc's
+        // per-buffer events (which would also be waits on events recorded outside a graph
+        // capture) are not needed; no buffer exists yet.
+        unsafe { ctx.disable_event_tracking() };
+        // Its own stream: the legacy default stream cannot be captured into a graph.
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| driver("cannot create a stream", e))?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| driver("compute capability", e))?;

@@ -1,5 +1,9 @@
 //! Host-side arithmetic of the CUDA backend, tested on any machine: launch shapes, the split-KV
-//! choice, decode-graph buckets and padding, KV slots from block tables, and the arena's size.
+//! choice, the attention's inputs from block tables (KV slots, tables, lengths), and the arena's
+//! size. Decode-graph buckets and padding are in [`super::graphs`]; the KV pool's size is
+//! `kv::sizing::blocks_for` with the GPU's free memory (`Backend::memory_available`).
+
+use crate::kv::SeqRows;
 
 /// A kernel launch: grid, block, dynamic shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,41 +78,6 @@ pub fn prefill(n_heads: usize, max_rows: usize, n_seqs: usize) -> Shape {
     shape((n_heads, max_rows.div_ceil(PREFILL_TILE), n_seqs), 128)
 }
 
-/// The decode-graph batch sizes captured by default (the seed deployment's "Graph=4": four).
-pub const GRAPH_BUCKETS: [usize; 4] = [1, 2, 4, 8];
-
-/// The captured graph a decode batch of `n` runs in: the smallest bucket that holds it (its
-/// extra rows are padding), or none (eager) above the largest or for an empty batch.
-pub fn graph_bucket(n: usize, buckets: &[usize]) -> Option<usize> {
-    if n == 0 {
-        return None;
-    }
-    buckets.iter().copied().filter(|&b| b >= n).min()
-}
-
-/// Per-step inputs padded to a graph's bucket: padding rows repeat the last real row's token
-/// and position and point at a scratch KV slot, so they compute harmlessly and write nowhere
-/// that matters.
-pub fn pad_inputs(
-    tokens: &[u32],
-    positions: &[u32],
-    slots: &[i32],
-    bucket: usize,
-    scratch_slot: i32,
-) -> (Vec<u32>, Vec<u32>, Vec<i32>) {
-    assert!(!tokens.is_empty() && tokens.len() <= bucket);
-    assert!(tokens.len() == positions.len() && tokens.len() == slots.len());
-    let pad = bucket - tokens.len();
-    let last = tokens.len() - 1;
-    let mut t = tokens.to_vec();
-    let mut p = positions.to_vec();
-    let mut s = slots.to_vec();
-    t.extend(std::iter::repeat_n(tokens[last], pad));
-    p.extend(std::iter::repeat_n(positions[last], pad));
-    s.extend(std::iter::repeat_n(scratch_slot, pad));
-    (t, p, s)
-}
-
 /// The cache slot of each position (`table[pos / 16] * 16 + pos % 16`): what `rope_kv_store`
 /// writes to and the attention kernels read from.
 pub fn kv_slots(table: &[u32], positions: &[u32]) -> Vec<i32> {
@@ -119,6 +88,66 @@ pub fn kv_slots(table: &[u32], positions: &[u32]) -> Vec<i32> {
             i32::try_from(table[b] as usize * KV_BLOCK + o).expect("slot fits i32")
         })
         .collect()
+}
+
+/// What the attention kernels read for one step, from the batch's block tables: every row's
+/// KV slot (where `rope_kv_store` writes its key and value), the tables `width` entries per
+/// sequence (the rest block 0, never read: the kernels stop at each sequence's length), and for
+/// the decode sequences (one row each) their indices, query rows, lengths and tables.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttnInputs {
+    pub slots: Vec<i32>,
+    pub width: usize,
+    pub tables: Vec<i32>,
+    pub decode: Vec<usize>,
+    pub q_rows: Vec<i32>,
+    pub lens: Vec<i32>,
+    pub decode_tables: Vec<i32>,
+}
+
+/// The [`AttnInputs`] of `seqs`; a padding sequence (no table, `graphs::padded`) reads and
+/// writes the scratch block `pad_block` only.
+pub fn attention_inputs(seqs: &[SeqRows<'_>], pad_block: u32) -> AttnInputs {
+    let table = |s: &SeqRows<'_>, j: usize| -> u32 {
+        if s.blocks.is_empty() {
+            if j == 0 {
+                pad_block
+            } else {
+                0
+            }
+        } else {
+            s.blocks.get(j).copied().unwrap_or(0)
+        }
+    };
+    let slot_of = |s: &SeqRows<'_>, p: usize| -> i32 {
+        let b = table(s, p / KV_BLOCK) as usize;
+        i32::try_from(b * KV_BLOCK + p % KV_BLOCK).expect("slot fits i32")
+    };
+    let rows = seqs.iter().map(|s| s.start + s.len).max().unwrap_or(0);
+    let mut slots = vec![0i32; rows];
+    for s in seqs {
+        for r in 0..s.len {
+            slots[s.start + r] = slot_of(s, s.pos + r);
+        }
+    }
+    let width = super::graphs::table_width(seqs.iter().map(|s| s.blocks.len()).max().unwrap_or(1));
+    let tables: Vec<i32> = seqs
+        .iter()
+        .flat_map(|s| (0..width).map(move |j| table(s, j) as i32))
+        .collect();
+    let decode: Vec<usize> = (0..seqs.len()).filter(|&i| seqs[i].len == 1).collect();
+    AttnInputs {
+        q_rows: decode.iter().map(|&i| seqs[i].start as i32).collect(),
+        lens: decode.iter().map(|&i| (seqs[i].pos + 1) as i32).collect(),
+        decode_tables: decode
+            .iter()
+            .flat_map(|&i| tables[i * width..(i + 1) * width].iter().copied())
+            .collect(),
+        slots,
+        width,
+        tables,
+        decode,
+    }
 }
 
 /// The model's sizes the arena is cut for.
@@ -149,61 +178,9 @@ pub fn arena_bytes(d: Dims, max_rows: usize, max_seqs: usize, max_splits: usize)
     (f32s + parts) * 4 + q8
 }
 
-/// KV tokens a pool in `free_bytes` of device memory holds at `mem_fraction`, for `layers`
-/// layers of f16 keys and values, in whole blocks.
-pub fn kv_pool_tokens(
-    free_bytes: u64,
-    mem_fraction: f64,
-    layers: usize,
-    n_kv: usize,
-    head_dim: usize,
-) -> usize {
-    let per_token = (layers * 2 * n_kv * head_dim * 2) as u64;
-    let budget = (free_bytes as f64 * mem_fraction.clamp(0.0, 1.0)) as u64;
-    let tokens = (budget / per_token.max(1)) as usize;
-    tokens / KV_BLOCK * KV_BLOCK
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn decode_batches_pick_the_smallest_bucket_that_holds_them() {
-        let b = GRAPH_BUCKETS;
-        let picks: Vec<_> = (0..=10).map(|n| graph_bucket(n, &b)).collect();
-        assert_eq!(
-            picks,
-            [
-                None,
-                Some(1),
-                Some(2),
-                Some(4),
-                Some(4),
-                Some(8),
-                Some(8),
-                Some(8),
-                Some(8),
-                None,
-                None
-            ]
-        );
-        assert_eq!(
-            graph_bucket(3, &[8, 2, 4]),
-            Some(4),
-            "order of the buckets does not matter"
-        );
-    }
-
-    #[test]
-    fn padding_repeats_the_last_row_into_a_scratch_slot() {
-        let (t, p, s) = pad_inputs(&[5, 6, 7], &[10, 3, 40], &[160, 48, 640], 4, 9999);
-        assert_eq!(t, [5, 6, 7, 7]);
-        assert_eq!(p, [10, 3, 40, 40]);
-        assert_eq!(s, [160, 48, 640, 9999]);
-        let (t, _, _) = pad_inputs(&[1], &[0], &[0], 1, 9);
-        assert_eq!(t, [1]);
-    }
 
     #[test]
     fn kv_slots_follow_the_block_table() {
@@ -213,6 +190,55 @@ mod tests {
             kv_slots(&table, &[0, 15, 16, 17, 47]),
             [112, 127, 32, 33, 495]
         );
+    }
+
+    #[test]
+    fn attention_reads_the_block_tables_padded_to_a_power_of_two() {
+        // A decode row at position 17 (blocks 7, 2), a 3-row prefill chunk at 0 (block 30), and
+        // one padding sequence (graphs::padded) on scratch block 99.
+        let (a, b) = ([7u32, 2], [30u32]);
+        let seqs = [
+            SeqRows {
+                start: 0,
+                len: 1,
+                pos: 17,
+                blocks: &a,
+            },
+            SeqRows {
+                start: 1,
+                len: 3,
+                pos: 0,
+                blocks: &b,
+            },
+            SeqRows {
+                start: 4,
+                len: 1,
+                pos: 0,
+                blocks: &[],
+            },
+        ];
+        let got = attention_inputs(&seqs, 99);
+        assert_eq!(got.slots, [33, 480, 481, 482, 1584]);
+        assert_eq!(got.width, 2);
+        assert_eq!(got.tables, [7, 2, 30, 0, 99, 0]);
+        assert_eq!(got.decode, [0, 2]);
+        assert_eq!(got.q_rows, [0, 4]);
+        assert_eq!(got.lens, [18, 1]);
+        assert_eq!(got.decode_tables, [7, 2, 99, 0]);
+        let three = [1u32, 2, 3];
+        let wide = [SeqRows {
+            start: 0,
+            len: 1,
+            pos: 40,
+            blocks: &three,
+        }];
+        let got = attention_inputs(&wide, 0);
+        assert_eq!(
+            (got.width, got.tables),
+            (4, vec![1, 2, 3, 0]),
+            "3 blocks -> 4 wide"
+        );
+        assert_eq!(got.slots, [3 * 16 + 8]);
     }
 
     #[test]
@@ -253,7 +279,7 @@ mod tests {
     }
 
     #[test]
-    fn the_arena_and_pool_are_sized_from_the_model() {
+    fn the_arena_is_sized_from_the_model() {
         let smol = Dims {
             hidden: 576,
             ffn: 1536,
@@ -269,9 +295,5 @@ mod tests {
             arena_bytes(smol, 8, 8, 4),
             8 * 54912 * 4 + 8 * 1920 + 8 * 9 * 4 * 66 * 4
         );
-        // 30 layers * 2 * 3 * 64 * 2 bytes = 23040 bytes per token.
-        assert_eq!(kv_pool_tokens(23_040 * 1000, 1.0, 30, 3, 64), 992);
-        assert_eq!(kv_pool_tokens(23_040 * 1000, 0.5, 30, 3, 64), 496);
-        assert_eq!(kv_pool_tokens(100, 0.9, 30, 3, 64), 0);
     }
 }

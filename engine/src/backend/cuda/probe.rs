@@ -10,8 +10,8 @@ pub struct Found {
     pub driver_version: i32,
 }
 
-/// The driver library, NVRTC and at least one GPU; the error names the first thing missing,
-/// on one line.
+/// The driver library, NVRTC (unless `SLUICE_CUDA_PTX` names the PTX to load) and at least one
+/// GPU; the error names the first thing missing, on one line.
 pub fn probe() -> Result<Found> {
     // SAFETY: these only try to dlopen the libraries by their usual names.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
@@ -20,11 +20,15 @@ pub fn probe() -> Result<Found> {
                 .into(),
         ));
     }
-    // SAFETY: as above, for libnvrtc.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    // SAFETY: as above, for libnvrtc. Not needed where the PTX comes from `make cuda-check`
+    // (`SLUICE_CUDA_PTX`): a GPU machine whose NVRTC is 13.x has no libnvrtc.so.12.
+    if std::env::var_os("SLUICE_CUDA_PTX").is_none()
+        && !unsafe { cudarc::nvrtc::sys::is_culib_present() }
+    {
         return Err(Error::CudaUnavailable(
             "no NVRTC: libnvrtc.so.12 could not be loaded (pip install nvidia-cuda-nvrtc-cu12 and \
-             put its lib directory on LD_LIBRARY_PATH)"
+             put its lib directory on LD_LIBRARY_PATH, or set SLUICE_CUDA_PTX to the PTX `make \
+             cuda-check` wrote)"
                 .into(),
         ));
     }

@@ -233,6 +233,21 @@ impl<B: Backend> Llama<B> {
         hidden: &mut B::Buf,
         rows: usize,
     ) {
+        // The backend may replay a decode step from a graph (Backend::run_blocks).
+        let d = self.cfg.d_model;
+        self.backend
+            .run_blocks(seqs, hidden, rows, d, &mut |seqs, hidden, rows| {
+                self.blocks_pass(st, seqs, hidden, rows)
+            });
+    }
+
+    fn blocks_pass(
+        &self,
+        st: &mut ForwardState<B>,
+        seqs: &[SeqRows<'_>],
+        hidden: &mut B::Buf,
+        rows: usize,
+    ) {
         let be = &*self.backend;
         let c = &self.cfg;
         let d = c.d_model;
