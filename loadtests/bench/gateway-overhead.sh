@@ -41,40 +41,10 @@ command -v nginx >/dev/null || { echo "nginx not found (apt-get install -y nginx
 [[ -f $MODEL ]] || { echo "$MODEL missing (make fetch-model)" >&2; exit 1; }
 
 SCRATCH=$(mktemp -d /tmp/sluice-overhead.XXXXXX)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
+source loadtests/bench/lib.sh
 
 CLIENT=("$BIN/examples/rate_bench")
 [[ ${PIN:-0} == 1 ]] && CLIENT=(taskset -c 1 "${CLIENT[@]}")
-
-wait_up() { # URL [CURL ARGS...]
-    local url=$1
-    shift
-    for _ in $(seq 100); do
-        curl -sf -o /dev/null "$@" "$url" && return 0
-        sleep 0.1
-    done
-    echo "not up: $url" >&2
-    exit 1
-}
-
-policy() { # FILE ACTIVE_MAX QUEUE_DEPTH UPSTREAM_PORT
-    cat >"$1" <<EOF
-[limits]
-max_tokens_default = 8
-[admission]
-active_max = $2
-queue_depth = $3
-heavy_active_max = 1
-[upstream]
-kind = "openai"
-urls = ["http://127.0.0.1:$4"]
-EOF
-}
 
 gateway() { # NAME POLICY PORT [--plain-http]
     "$BIN/sluice" serve --policy "$2" --model "$MODEL" --listen "127.0.0.1:$3" \

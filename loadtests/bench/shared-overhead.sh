@@ -29,35 +29,13 @@ fi
 command -v redis-server >/dev/null || { echo "redis-server not found (apt-get install -y redis-server)" >&2; exit 1; }
 
 SCRATCH=$(mktemp -d /tmp/sluice-shared-overhead.XXXXXX)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
-
-wait_up() { # URL
-    for _ in $(seq 100); do
-        curl -sf -o /dev/null "$1" && return 0
-        sleep 0.1
-    done
-    echo "not up: $1" >&2
-    exit 1
-}
+source loadtests/bench/lib.sh
 
 KEY=sk-bench
 KEY_SHA=$(printf %s "$KEY" | sha256sum | cut -d' ' -f1)
-policy() { # FILE [SHARED]
-    cat >"$1" <<TOML
-[limits]
-max_tokens_default = 8
-[admission]
-active_max = 256
-queue_depth = 1024
-heavy_active_max = 1
-[upstream]
-kind = "openai"
-urls = ["http://127.0.0.1:$P_UP"]
+bench_policy() { # FILE [SHARED]
+    policy "$1" 256 1024 $P_UP
+    cat >>"$1" <<TOML
 health_path = "/healthz"   # the fake upstream's
 [[tenants]]
 name = "bench"
@@ -75,8 +53,8 @@ redis-server --port $P_REDIS --bind 127.0.0.1 --save '' --appendonly no >"$SCRAT
 PIDS+=($!)
 "$BIN/examples/instant_upstream" --listen 127.0.0.1:$P_UP 2>"$SCRATCH/up.log" &
 PIDS+=($!)
-policy "$SCRATCH/local.toml"
-policy "$SCRATCH/shared.toml" shared
+bench_policy "$SCRATCH/local.toml"
+bench_policy "$SCRATCH/shared.toml" shared
 for g in local:$P_LOCAL shared:$P_SHARED; do
     "$BIN/sluice" serve --policy "$SCRATCH/${g%%:*}.toml" --model "$MODEL" \
         --listen "127.0.0.1:${g##*:}" --plain-http >"$SCRATCH/${g%%:*}.log" 2>&1 &

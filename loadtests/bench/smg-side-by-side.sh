@@ -6,7 +6,8 @@
 #   loadtests/bench/smg-side-by-side.sh [REPEATS]        (default 3; medians are printed)
 #
 # Environment: CARGO_TARGET_DIR (default target), SKIP_BUILD=1, SMG_DIR (a venv with
-# sglang-router; default ~/.cache/sluice/smg, created when missing), DURATION (10 s), WARMUP (3 s).
+# sglang-router; default ~/.cache/sluice/smg, created when missing), DURATION (10 s), WARMUP (3 s),
+# PARTS (default "overhead cap busy": which of the runs below to take).
 #
 # 1. overhead: open loop at 100 and 1,000 req/s against an instant upstream; added latency
 #    = via the gateway minus direct, per repeat, then the median.
@@ -30,6 +31,8 @@ WARMUP=${WARMUP:-3}
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 SMG_DIR=${SMG_DIR:-$HOME/.cache/sluice/smg}
 SMG_VERSION=0.3.2
+PARTS=" ${PARTS:-overhead cap busy} "
+part() { [[ $PARTS == *" $1 "* ]]; }
 
 P_UP=19200 P_BUSY=19201 P_ENG=19202
 P_SLUICE=18200 P_SMG=18201 P_SLUICE_CAP=18202 P_SMG_CAP=18203 P_SLUICE_BUSY=18204 P_SMG_BUSY=18205
@@ -45,36 +48,7 @@ if [[ ! -x $SMG_DIR/bin/smg ]]; then
 fi
 
 SCRATCH=$(mktemp -d /tmp/sluice-smg.XXXXXX)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
-
-wait_up() { # URL
-    for _ in $(seq 600); do
-        curl -sf -o /dev/null "$1" && return 0
-        sleep 0.2
-    done
-    echo "not up: $1" >&2
-    exit 1
-}
-
-policy() { # FILE ACTIVE_MAX QUEUE_DEPTH UPSTREAM_PORT
-    cat >"$1" <<EOF
-[limits]
-max_tokens_default = 8
-[admission]
-active_max = $2
-queue_depth = $3
-queue_wait_max = "10s"
-heavy_active_max = 1
-[upstream]
-kind = "openai"
-urls = ["http://127.0.0.1:$4"]
-EOF
-}
+source loadtests/bench/lib.sh
 
 sluice() { # NAME POLICY PORT
     "$BIN/sluice" serve --policy "$2" --model "$MODEL" --listen "127.0.0.1:$3" \
@@ -98,9 +72,9 @@ PIDS+=($!)
     --listen 127.0.0.1:$P_ENG >"$SCRATCH/engine.log" 2>&1 &
 PIDS+=($!)
 
-policy "$SCRATCH/open.toml" 256 1024 $P_UP
-policy "$SCRATCH/cap.toml" 4 16 $P_ENG
-policy "$SCRATCH/busy.toml" 4 16 $P_BUSY
+policy "$SCRATCH/open.toml" 256 1024 $P_UP 10s
+policy "$SCRATCH/cap.toml" 4 16 $P_ENG 10s
+policy "$SCRATCH/busy.toml" 4 16 $P_BUSY 10s
 sluice sluice "$SCRATCH/open.toml" $P_SLUICE
 sluice sluice-cap "$SCRATCH/cap.toml" $P_SLUICE_CAP
 sluice sluice-busy "$SCRATCH/busy.toml" $P_SLUICE_BUSY
@@ -139,21 +113,25 @@ peak_running() { # PIDFILE-TO-WATCH
 }
 
 # What 4 slots serve: one closed-loop run at concurrency 4 straight to the engine.
-"${CLIENT[@]}" --label "0:capacity" --url "${CAP[direct]}" --mode max --duration "$DURATION" \
-    --warmup 2 --concurrency 4 --model SmolLM2-135M-Instruct --max-tokens 16 >>"$RESULTS"
-CAPACITY=$(awk -F'achieved=' '/label=0:capacity/ {split($2, a, " "); print a[1]}' "$RESULTS")
-OFFERED=$(awk -v c="$CAPACITY" 'BEGIN {printf "%.0f", c * 10}')
-echo "# 4 slots serve $CAPACITY req/s: offering $OFFERED req/s (10x)" >&2
+if part cap; then
+    "${CLIENT[@]}" --label "0:capacity" --url "${CAP[direct]}" --mode max --duration "$DURATION" \
+        --warmup 2 --concurrency 4 --model SmolLM2-135M-Instruct --max-tokens 16 >>"$RESULTS"
+    CAPACITY=$(awk -F'achieved=' '/label=0:capacity/ {split($2, a, " "); print a[1]}' "$RESULTS")
+    OFFERED=$(awk -v c="$CAPACITY" 'BEGIN {printf "%.0f", c * 10}')
+    echo "# 4 slots serve $CAPACITY req/s: offering $OFFERED req/s (10x)" >&2
+fi
 
 for rep in $(seq "$REPEATS"); do
     echo "# repeat $rep/$REPEATS, load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
     for rate in 100 1000; do
+        part overhead || break
         for t in direct sluice smg; do
             "${CLIENT[@]}" --label "$rep:overhead-$rate-$t" --url "${URL[$t]}" --mode rate \
                 --rate "$rate" --duration "$DURATION" --warmup "$WARMUP" --connections 64 >>"$RESULTS"
         done
     done
     for t in direct sluice smg; do
+        part cap || break
         "${CLIENT[@]}" --label "$rep:cap-$t" --url "${CAP[$t]}" --mode rate --rate "$OFFERED" \
             --duration "$DURATION" --warmup 0 --connections 256 --timeout-ms 60000 \
             --model SmolLM2-135M-Instruct --max-tokens 16 >>"$RESULTS" &
@@ -168,6 +146,7 @@ for rep in $(seq "$REPEATS"); do
         done
     done
     for t in sluice smg; do
+        part busy || break
         before=$(curl -s http://127.0.0.1:$P_BUSY/attempts)
         "${CLIENT[@]}" --label "$rep:busy-$t" --url "${BUSY[$t]}" --mode rate --rate 10 \
             --duration "$DURATION" --warmup 0 --connections 16 --timeout-ms 60000 >>"$RESULTS"

@@ -1,0 +1,43 @@
+# Shared by the benches in this folder (sourced, not run): the scratch processes and their
+# cleanup, waiting for a server, and the policy every bench starts from.
+#
+#   cd "$(dirname "$0")/../.." && source loadtests/bench/lib.sh
+#
+# Defines PIDS (append every background process: `PIDS+=($!)`; all are killed at exit),
+# wait_up and policy.
+
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+# Waits (up to WAIT_UP_S, default 120 s) until URL answers 2xx; exits the bench if it never does.
+wait_up() { # URL [CURL ARGS...]
+    local url=$1 tries=$((${WAIT_UP_S:-120} * 10))
+    shift
+    for _ in $(seq "$tries"); do
+        curl -sf -o /dev/null "$@" "$url" && return 0
+        sleep 0.1
+    done
+    echo "not up: $url" >&2
+    exit 1
+}
+
+# A policy with an `openai` upstream at UPSTREAM_PORT and 8 tokens per answer by default;
+# the caller appends to [upstream] (the last table) or adds tables with `cat >>FILE`.
+policy() { # FILE ACTIVE_MAX QUEUE_DEPTH UPSTREAM_PORT [QUEUE_WAIT_MAX]
+    cat >"$1" <<EOF_POLICY
+[limits]
+max_tokens_default = 8
+[admission]
+active_max = $2
+queue_depth = $3
+heavy_active_max = 1
+${5:+queue_wait_max = \"$5\"}
+[upstream]
+kind = "openai"
+urls = ["http://127.0.0.1:$4"]
+EOF_POLICY
+}
