@@ -61,6 +61,9 @@ impl App {
             tracing::error!("{e}: the shared state is off");
             None
         });
+        if let Some(s) = &shared {
+            s.watch_admission(&admission);
+        }
         // The upstream's own ceiling (replicas up and not saturated) lowers admission's, and so
         // does the gateway's share of a shared ceiling while Redis is away (`fail = "local"`).
         crate::shared::capacity::follow(
@@ -99,14 +102,15 @@ impl App {
 ///    `context_length_exceeded`); `max_tokens` defaulted and clamped → `MaxTokens`.
 ///    Then the tenant's **token budget** ([`crate::middleware::budget`]): prompt + `max_tokens`
 ///    charged on arrival (429 `tokens_per_minute_exceeded`), settled to the real usage when
-///    the response ends; reads `Caller`, `PromptTokens`, `MaxTokens`.
+///    the response ends; reads `Caller`, `PromptTokens`, `MaxTokens`. With `[shared]` and a
+///    free local slot the same script tries for the shared ceiling's lease → `Arrival`.
 /// 7. **admission** ([`crate::middleware::admission`]): a slot among `active_max`, or a place
 ///    in the queue, or 503 `overloaded` / `queue_timeout`; reads `Caller` and `PromptTokens`;
 ///    the slot moves into the response body; adds `QueueTime`, `x-sluice-queue-ms`.
 ///    Then the **shared ceiling** ([`crate::shared::hold`], with `[shared]` and an `openai`
 ///    upstream): a lease on the deployment's `active_max`, waited for within the rest of
-///    `queue_wait_max`, held by the body; reads `Caller`, `QueueTime`; adds
-///    `x-sluice-shared-wait-ms`.
+///    `queue_wait_max` (or the one `Arrival` brought), held by the body; reads `Caller`,
+///    `QueueTime`, `Arrival`; adds `x-sluice-shared-wait-ms`.
 /// 8. **forward** ([`crate::forward`]): to the upstream, streaming the response back; reads
 ///    `RequestTrace` (→ `traceparent`) and `PromptTokens` (→ `x-sluice-prompt-tokens`).
 pub fn stack(app: &App, counter: Arc<dyn TokenCounter>) -> Stack {

@@ -27,6 +27,7 @@ use super::cap::MaxTokens;
 use super::count::PromptTokens;
 use crate::body::{GatewayBody, Tap, TapBody};
 use crate::error::GatewayError;
+use crate::policy::Class;
 use crate::shared::{budget as shared_budget, Shared};
 use crate::telemetry::UsageScanner;
 use crate::BoxFuture;
@@ -154,11 +155,12 @@ async fn charge(
     tenant: &str,
     budget: u64,
     needed: u64,
+    class: Class,
 ) -> Result<Held, GatewayError> {
     let Some(shared) = shared else {
         return budgets.charge(tenant, budget, needed).map(Held::Local);
     };
-    match shared.charge(tenant, budget, needed).await {
+    match shared.charge(tenant, budget, needed, class).await {
         Ok(Ok(c)) => Ok(Held::Shared(c)),
         Ok(Err(retry_after)) => Err(GatewayError::TokenBudget {
             tenant: tenant.to_owned(),
@@ -228,8 +230,9 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let ext = req.extensions();
+        let class = ext.get::<Caller>().map(|c| c.class).unwrap_or_default();
         let tenant = ext.get::<Caller>().and_then(|c| c.tenant.clone());
         let Some((tenant, budget)) = tenant.and_then(|t| t.tokens_per_minute.map(|b| (t, b)))
         else {
@@ -242,7 +245,19 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
             let needed = prompt + max;
-            let charge = charge(&budgets, shared.as_ref(), &tenant.name, budget, needed).await?;
+            let mut charge = charge(
+                &budgets,
+                shared.as_ref(),
+                &tenant.name,
+                budget,
+                needed,
+                class,
+            )
+            .await?;
+            if let Held::Shared(c) = &mut charge {
+                // The lease the charge's script took (if any), for the shared ceiling's layer.
+                req.extensions_mut().insert(c.arrival());
+            }
             let resp = inner.call(req).await;
             match resp {
                 Ok(resp) => Ok(resp.map(|b| {

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::finish::Finish;
 use super::scripts::{CEILING_ACQUIRE, CEILING_RELEASE, CEILING_RENEW};
 use super::Shared;
 use crate::error::GatewayError;
@@ -63,19 +64,36 @@ impl Registry {
 
 /// One slot of the shared ceiling, held until dropped. A lease taken while Redis was away
 /// (`fail = "local"`) is adopted by the next renewal once Redis is back, so the shared count
-/// includes it.
+/// includes it. A lease that ends with a budget charge goes back with its settle
+/// ([`Finish`]).
 #[derive(Debug)]
 pub struct Lease {
     shared: Arc<Shared>,
     id: String,
+    /// The ceiling it was taken under (whether its release may free a refused request).
+    max: usize,
+    finish: Option<Arc<Finish>>,
+}
+
+impl Lease {
+    /// Gives this lease back with `finish`'s settle, in one script.
+    pub fn ending_with(mut self, finish: Arc<Finish>) -> Self {
+        self.finish = Some(finish);
+        self
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         self.shared.leases.remove(&self.id);
-        let (shared, id) = (self.shared.clone(), std::mem::take(&mut self.id));
+        let id = std::mem::take(&mut self.id);
+        if let Some(finish) = self.finish.take() {
+            finish.lease_ended(id, self.max);
+            return;
+        }
+        let (shared, max) = (self.shared.clone(), self.max);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { shared.release(&id).await });
+            rt.spawn(async move { shared.release(&id, max).await });
         }
     }
 }
@@ -117,19 +135,20 @@ impl Shared {
                         .arg(&id)
                         .arg(class_arg)
                         .arg(max)
-                        .arg(self.settings.lease_ttl.as_millis() as u64),
+                        .arg(self.settings.lease_ttl.as_millis() as u64)
+                        .arg("wait"),
                 )
                 .await;
             match answer {
                 Ok((1, _)) => {
                     waiting.id = None;
-                    return Ok(self.lease(id));
+                    return Ok(self.lease(id, max));
                 }
                 Ok(_) => {}
                 Err(why) => {
                     self.on_unavailable(why)?;
                     waiting.id = None;
-                    return Ok(self.lease(id));
+                    return Ok(self.lease(id, max));
                 }
             }
             tokio::select! {
@@ -142,16 +161,19 @@ impl Shared {
         }
     }
 
-    fn lease(self: &Arc<Self>, id: String) -> Lease {
+    pub(super) fn lease(self: &Arc<Self>, id: String, max: usize) -> Lease {
         self.leases.insert(&id);
         Lease {
             shared: self.clone(),
             id,
+            max,
+            finish: None,
         }
     }
 
-    /// Gives lease (or waiter) `id` back; a freed slot is announced to the other gateways.
-    async fn release(&self, id: &str) {
+    /// Gives lease (or waiter) `id`, taken under a ceiling of `max`, back; a freed slot that a
+    /// refused request may be waiting for is announced to the other gateways (`max` 0: always).
+    pub(super) async fn release(&self, id: &str, max: usize) {
         let Some(keys) = &self.ceiling else { return };
         let _: Result<u8, _> = self
             .store
@@ -161,7 +183,8 @@ impl Shared {
                     .key(&keys.leases)
                     .key(&keys.waiting)
                     .arg(id)
-                    .arg(&keys.freed),
+                    .arg(&keys.freed)
+                    .arg(max),
             )
             .await;
     }
@@ -183,7 +206,7 @@ impl Shared {
             return;
         }
         for id in ids.iter().filter(|id| !self.leases.contains(id)) {
-            self.release(id).await;
+            self.release(id, 0).await;
         }
     }
 }
@@ -214,7 +237,7 @@ impl Drop for Waiting {
         if let Some(id) = self.id.take() {
             let shared = self.shared.clone();
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move { shared.release(&id).await });
+                rt.spawn(async move { shared.release(&id, 0).await });
             }
         }
     }

@@ -1,7 +1,8 @@
 //! The layer between admission and forward: a request that holds its local slot takes a lease
 //! on the upstream's shared ceiling (waiting for one within what is left of
-//! `admission.queue_wait_max`), and the response body holds the lease until its end, as it
-//! holds the local slot. Without `[shared]`, or with a bundled engine (each gateway's own), it
+//! `admission.queue_wait_max`), unless its budget's charge took one on arrival
+//! ([`super::Arrival`]), and the response body holds the lease until its end, as it holds the
+//! local slot. Without `[shared]`, or with a bundled engine (each gateway's own), it
 //! passes requests through untouched.
 
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use http::{HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use tower::{Layer, Service, ServiceExt};
 
-use super::{Lease, Shared};
+use super::{Arrival, Lease, Shared};
 use crate::body::{BoxError, GatewayBody, Tap, TapBody};
 use crate::error::GatewayError;
 use crate::middleware::admission::{Admission, QueueTime};
@@ -94,17 +95,24 @@ where
             .extensions()
             .get::<QueueTime>()
             .map_or(Duration::ZERO, |q| q.0);
-        let wait_max = self.layer.policy.current().policy.admission.queue_wait_max;
-        let max = self.layer.admission.snapshot().active_max;
+        let arrival = req.extensions().get::<Arrival>().cloned();
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
+        if let Some(lease) = arrival.as_ref().and_then(Arrival::take_lease) {
+            return Box::pin(async move { held(inner.oneshot(req).await?, lease, Duration::ZERO) });
+        }
+        let wait_max = self.layer.policy.current().policy.admission.queue_wait_max;
+        let max = self.layer.admission.snapshot().active_max;
         Box::pin(async move {
             let started = tokio::time::Instant::now();
             let lease = match shared
                 .acquire(class, max, wait_max.saturating_sub(queued))
                 .await
             {
-                Ok(l) => l,
+                Ok(l) => match &arrival {
+                    Some(a) => a.join(l),
+                    None => l,
+                },
                 Err(GatewayError::QueueTimeout { waited }) => {
                     return Err(GatewayError::QueueTimeout {
                         waited: queued + waited,
@@ -113,16 +121,24 @@ where
                 Err(e) => return Err(e),
             };
             let waited = started.elapsed();
-            let resp = inner.oneshot(req).await?;
-            let (mut parts, body) = resp.into_parts();
-            parts.headers.insert(
-                SHARED_WAIT_HEADER,
-                HeaderValue::from(waited.as_millis() as u64),
-            );
-            let body = TapBody::new(body, Held(Some(lease))).boxed_unsync();
-            Ok(Response::from_parts(parts, body))
+            held(inner.oneshot(req).await?, lease, waited)
         })
     }
+}
+
+/// The response with its body holding `lease`, and the time waited for it.
+fn held(
+    resp: Response<GatewayBody>,
+    lease: Lease,
+    waited: Duration,
+) -> Result<Response<GatewayBody>, GatewayError> {
+    let (mut parts, body) = resp.into_parts();
+    parts.headers.insert(
+        SHARED_WAIT_HEADER,
+        HeaderValue::from(waited.as_millis() as u64),
+    );
+    let body = TapBody::new(body, Held(Some(lease))).boxed_unsync();
+    Ok(Response::from_parts(parts, body))
 }
 
 /// The lease, given back when the body ends, fails or is dropped.

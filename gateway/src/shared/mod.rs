@@ -8,7 +8,9 @@
 //! - [`rate`], [`budget`]: the GCRA and the token budget as atomic Lua scripts, read at the
 //!   admission check (check and update in one step on Redis's clock).
 //! - [`ceiling`]: slots as leases with a TTL, renewed while a request runs; [`hold`] is the
-//!   layer that takes one after the local admission slot and keeps it in the response body.
+//!   layer that takes one after the local admission slot (unless the budget's charge took it
+//!   on arrival, in the same script) and keeps it in the response body.
+//! - [`finish`]: a request's charge settled and its lease given back in one script.
 //! - [`capacity`]: with `fail = "local"`, the local ceiling falls to the gateway's share while
 //!   Redis is away.
 //!
@@ -21,6 +23,7 @@
 pub mod budget;
 pub mod capacity;
 pub mod ceiling;
+mod finish;
 pub mod health;
 pub mod hold;
 pub mod keys;
@@ -33,15 +36,17 @@ pub(crate) mod testing;
 mod tests;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use tokio::sync::Notify;
 
+pub use budget::Arrival;
 pub use ceiling::Lease;
 pub use health::{Health, Unavailable};
 pub use hold::SharedCeilingLayer;
 
 use crate::error::GatewayError;
+use crate::middleware::admission::Admission;
 use crate::policy::{self, Policy, SharedFail, UpstreamKind};
 use ceiling::Registry;
 use keys::Keys;
@@ -63,6 +68,8 @@ pub struct Shared {
     /// This process's name in lease and charge ids.
     instance: String,
     next_id: AtomicU64,
+    /// The local admission, whose free slot lets a budget's charge try for the lease too.
+    admission: OnceLock<Weak<Admission>>,
 }
 
 /// What `/metrics` shows of the shared state.
@@ -100,6 +107,7 @@ impl Shared {
             leases: Registry::default(),
             instance: instance_name(),
             next_id: AtomicU64::new(0),
+            admission: OnceLock::new(),
             settings,
         });
         store.spawn_probe();
@@ -134,6 +142,19 @@ impl Shared {
         let mut changes = self.health().subscribe();
         let _ = tokio::time::timeout(limit, changes.wait_for(|up| *up)).await;
         self.health().is_up()
+    }
+
+    /// Lets the budget's charge on arrival try for the lease as well while `admission` has
+    /// a free slot and nobody queued (the request will hold its local slot at once).
+    pub fn watch_admission(&self, admission: &Arc<Admission>) {
+        let _ = self.admission.set(Arc::downgrade(admission));
+    }
+
+    /// The ceiling to take a lease under on arrival, when the local admission has room now.
+    fn local_room(&self) -> Option<usize> {
+        let s = self.admission.get()?.upgrade()?.snapshot();
+        let room = s.active < s.active_max && s.queued_interactive + s.queued_batch == 0;
+        room.then_some(s.active_max)
     }
 
     /// A new id, unique across the deployment's gateways.

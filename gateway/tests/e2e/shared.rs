@@ -477,8 +477,45 @@ async fn a_token_budget_shared_by_two_gateways_stays_within_five_percent() {
         used as f64 >= 0.95 * budget as f64,
         "{used} tokens used of a {budget} budget: more than 5% below"
     );
+    // Each admitted request's lease (taken with its charge on arrival, or after its local
+    // slot) went back with its settle: none is left, in either gateway or in Redis.
+    for gw in [&a, &b] {
+        let gone = gauge_becomes(gw, "sluice_shared_leases", 0.0, Duration::from_secs(2)).await;
+        assert!(gone.is_some(), "a lease outlived its request");
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut left = leases_in_redis(&redis, "budget").await;
+    while left > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        left = leases_in_redis(&redis, "budget").await;
+    }
+    assert_eq!(left, 0, "leases left in Redis after every request ended");
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// The leases held in Redis under `prefix`, every upstream's.
+async fn leases_in_redis(redis: &Redis, prefix: &str) -> usize {
+    let client = redis::Client::open(redis.url()).expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{{{prefix}}}:ceiling:*:leases"))
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    let mut n = 0;
+    for k in keys {
+        let c: usize = redis::cmd("ZCARD")
+            .arg(&k)
+            .query_async(&mut conn)
+            .await
+            .expect("ZCARD");
+        n += c;
+    }
+    n
 }
 
 // ---------------------------------------------------------------------------------------------
