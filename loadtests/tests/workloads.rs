@@ -258,7 +258,15 @@ async fn tool_calls_must_parse() {
     let fake = Fake::start(alternating).await;
     let e = run(
         &fake,
-        &row(RowKind::Tools { context: 1000 }, closed(2), Some(4), None),
+        &row(
+            RowKind::Tools {
+                context: 1000,
+                constrained: true,
+            },
+            closed(2),
+            Some(4),
+            None,
+        ),
     )
     .await;
     assert_eq!(fake.rejected(), Vec::<String>::new());

@@ -26,6 +26,9 @@ pub enum Kind {
     Needle,
     /// A required function call after --shape-input tokens of context, checked (chat).
     Tools,
+    /// Short requests with `response_format: json_schema`, ten schemas in turn, each answer
+    /// parsed and validated (chat; --shape is not used).
+    Json,
     /// The soak's mix: 60% 256:128, 30% 1k:256, 10% 4k.
     Soak,
     /// The seed's mix: 90% 256:128, 5% 4k:128, 5% 8k:128.
@@ -60,6 +63,10 @@ pub struct RunArgs {
     /// Needle depths, 0 (start) to 1 (end).
     #[arg(long, value_delimiter = ',', default_value = "0.1,0.5,0.9")]
     pub depths: Vec<f64>,
+    /// Tools and json: the same prompts without `tools` or `response_format` (the rates
+    /// without a grammar).
+    #[arg(long)]
+    pub unconstrained: bool,
     /// One JSON object (aggregate in seconds, and every sample) on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -90,6 +97,9 @@ fn row(args: &RunArgs) -> Result<Row> {
         (None, None) => Some((2 * workload.concurrency()).clamp(8, 2 * OPEN_CONCURRENCY)),
         (r, _) => r,
     };
+    if args.unconstrained && !matches!(args.workload, Kind::Tools | Kind::Json) {
+        bail!("--unconstrained is for the tools and json workloads");
+    }
     let shape = args.shape.clone();
     let (kind, series) = match args.workload {
         Kind::Shape => (RowKind::Shape(shape.clone()), shape.label.clone()),
@@ -104,14 +114,26 @@ fn row(args: &RunArgs) -> Result<Row> {
         Kind::Tools => (
             RowKind::Tools {
                 context: shape.input,
+                constrained: !args.unconstrained,
             },
             "tools".into(),
+        ),
+        Kind::Json => (
+            RowKind::Json {
+                constrained: !args.unconstrained,
+            },
+            "json".into(),
         ),
         Kind::Soak => (RowKind::Soak, "soak".into()),
         Kind::SeedMix => (RowKind::SeedMix, "seed-mix".into()),
     };
     Ok(Row {
-        id: format!("{:?}", args.workload).to_lowercase(),
+        id: format!(
+            "{:?}{}",
+            args.workload,
+            if args.unconstrained { "-free" } else { "" }
+        )
+        .to_lowercase(),
         title: format!("{:?} {}", args.workload, shape.label),
         series,
         kind,

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{JobSource, MixJobs, NeedleJobs, ShapeJobs, ToolJobs};
+use super::{JobSource, JsonJobs, MixJobs, NeedleJobs, ShapeJobs, ToolJobs};
 use crate::prompts::{PromptSource, Shape};
 use crate::workload::{Arrivals, Bound, Workload};
 
@@ -16,8 +16,12 @@ pub enum RowKind {
     Repeat(Shape),
     /// A `haystack`-token document with a code at each of `depths`.
     Needle { haystack: usize, depths: Vec<f64> },
-    /// A `context`-token document, then a required function call.
-    Tools { context: usize },
+    /// A `context`-token document, then a required function call (`constrained`; else the
+    /// same text without tools).
+    Tools { context: usize, constrained: bool },
+    /// Short requests for JSON that matches a schema (`constrained`; else the same prompts
+    /// without `response_format`).
+    Json { constrained: bool },
     /// Poisson arrivals of mixed requests: 60% 256:128, 30% 1k:256, 10% 4k.
     Soak,
     /// The seed's mix for predictive admission (issue 23): 90% 256:128, 5% 4K and 5% 8K
@@ -83,12 +87,20 @@ impl Row {
                 base,
                 seed: ctx.seed,
             }),
-            RowKind::Tools { context } => Arc::new(ToolJobs {
+            RowKind::Tools {
+                context,
+                constrained,
+            } => Arc::new(ToolJobs {
                 prompts: ctx.prompts.clone(),
                 model: ctx.model.clone(),
                 context: *context,
                 base,
                 seed: ctx.seed,
+                constrained: *constrained,
+            }),
+            RowKind::Json { constrained } => Arc::new(JsonJobs {
+                model: ctx.model.clone(),
+                constrained: *constrained,
             }),
             RowKind::SeedMix => Arc::new(MixJobs {
                 parts: vec![
@@ -231,7 +243,10 @@ pub fn matrix(scale: f64, soak: Duration, depths: &[f64]) -> Vec<Row> {
         "tools",
         "function calls after 1K of context",
         "tools",
-        RowKind::Tools { context: 1000 },
+        RowKind::Tools {
+            context: 1000,
+            constrained: true,
+        },
         closed(2),
         count(16, 1),
     ));

@@ -1,6 +1,7 @@
 //! What each request of a scenario is: its endpoint, its body and how its answer is scored.
 //! Workloads decide *when* requests go; a [`JobSource`] decides *what* they are.
 
+mod json;
 mod matrix;
 mod mix;
 mod needle;
@@ -9,6 +10,7 @@ mod tools;
 
 use bytes::Bytes;
 
+pub use json::JsonJobs;
 pub use matrix::{matrix, JobContext, Row, RowKind};
 pub use mix::MixJobs;
 pub use needle::NeedleJobs;
@@ -41,6 +43,8 @@ pub enum Check {
         name: String,
         parameters: serde_json::Value,
     },
+    /// The answer's content must parse as JSON and validate against `schema`.
+    Json { schema: serde_json::Value },
 }
 
 impl Check {
@@ -48,20 +52,20 @@ impl Check {
     /// request fails its check too).
     pub fn score(&self, sample: &Sample) -> Option<bool> {
         let ok = sample.outcome.is_ok();
+        let valid = |schema: &serde_json::Value, doc: &str| {
+            serde_json::from_str::<serde_json::Value>(doc)
+                .is_ok_and(|doc| jsonschema::validator_for(schema).is_ok_and(|v| v.is_valid(&doc)))
+        };
         match self {
             Self::None => None,
             Self::Contains(answer) => Some(ok && sample.text.contains(answer.as_str())),
             Self::ToolCall { name, parameters } => Some(
-                ok && sample.tool_calls.first().is_some_and(|call| {
-                    call.name == *name
-                        && serde_json::from_str::<serde_json::Value>(&call.arguments).is_ok_and(
-                            |args| {
-                                jsonschema::validator_for(parameters)
-                                    .is_ok_and(|v| v.is_valid(&args))
-                            },
-                        )
-                }),
+                ok && sample
+                    .tool_calls
+                    .first()
+                    .is_some_and(|call| call.name == *name && valid(parameters, &call.arguments)),
             ),
+            Self::Json { schema } => Some(ok && valid(schema, &sample.text)),
         }
     }
 }
@@ -118,6 +122,15 @@ mod tests {
             vec![call("get_weather", r#"{"city":7}"#)],
         ] {
             assert_eq!(tool.score(&answer("", bad.clone())), Some(false), "{bad:?}");
+        }
+
+        let json = Check::Json {
+            schema: serde_json::json!({"type": "object",
+                "properties": {"n": {"type": "integer", "maximum": 5}}, "required": ["n"]}),
+        };
+        assert_eq!(json.score(&answer(r#"{"n": 3}"#, vec![])), Some(true));
+        for bad in [r#"{"n": 9}"#, r#"{"m": 3}"#, r#"{"n": 3"#, "n is 3", ""] {
+            assert_eq!(json.score(&answer(bad, vec![])), Some(false), "{bad:?}");
         }
     }
 }

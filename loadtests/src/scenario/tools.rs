@@ -1,6 +1,7 @@
 //! Function calls at long context: a document, then a request only a tool can answer, with
 //! `tool_choice: "required"`. The answer passes when it is a parseable `tool_calls` entry whose
-//! arguments validate against the tool's `parameters` schema.
+//! arguments validate against the tool's `parameters` schema. Unconstrained, the same text goes
+//! without `tools` (the decode rate without a grammar; not scored).
 
 use std::sync::Arc;
 
@@ -24,6 +25,8 @@ pub struct ToolJobs {
     pub context: usize,
     pub base: u64,
     pub seed: u64,
+    /// Without it, the same user message goes without `tools` and `tool_choice`.
+    pub constrained: bool,
 }
 
 impl std::fmt::Debug for ToolJobs {
@@ -49,7 +52,17 @@ impl JobSource for ToolJobs {
                 "description": "Get the current weather for a city",
                 "parameters": parameters}}],
             "tool_choice": "required",
+            // One lookup is asked for; llama-server's default too.
+            "parallel_tool_calls": false,
         });
+        if !self.constrained {
+            return Ok(Job {
+                api: Api::Chat,
+                body: request::chat(&self.model, &user, 128, json!({})),
+                check: Check::None,
+                kind: "tools-free".into(),
+            });
+        }
         Ok(Job {
             api: Api::Chat,
             body: request::chat(&self.model, &user, 128, tools),
