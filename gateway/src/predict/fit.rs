@@ -6,6 +6,13 @@
 //! build) instead of freezing after its first thousand observations. Coefficients stay
 //! non-negative: every term is a cost.
 
+/// The prior variance added to each coefficient per observation. At 1% the fit forgets
+/// within about ten observations: this machine's engine got 2-3x slower within minutes when
+/// other work started, and its first requests after a start are slower than the next ones
+/// (the replay in `admission::replay_tests` has one at 53 ms, the next six at 17-30 ms); at
+/// 0.1% the fit was still 25% high five requests later.
+const DRIFT: f64 = 1e-2;
+
 /// A linear model `y = θ · x` over `N` features, fitted online.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OnlineFit<const N: usize> {
@@ -24,7 +31,7 @@ impl<const N: usize> OnlineFit<N> {
         let mut drift = [0.0; N];
         for i in 0..N {
             cov[i][i] = spread[i] * spread[i];
-            drift[i] = cov[i][i] * 1e-3;
+            drift[i] = cov[i][i] * DRIFT;
         }
         Self {
             theta: seed.map(|t| t.max(0.0)),

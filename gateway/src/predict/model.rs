@@ -52,14 +52,17 @@ impl CostModel {
             ms(seed.decode_ms_per_seq),
             ms(seed.decode_ms_per_10k_context),
         ];
-        // Each coefficient may be off by its own size, or by a floor for a zero seed.
+        // Each coefficient may be off by its own size, or by a floor for a zero seed; the
+        // per-token term by half its size: short prompts (k ≈ 0.03) only see `base + 0.03 a`,
+        // and a wider prior on `a` let twenty of them drag it to a third of its value (the
+        // first 2K prompt then predicted 78% short, in the recorded replay).
         let spread = |v: f64, floor: f64| v.max(floor);
         Self {
             prefill: OnlineFit::new(
                 prefill,
                 [
                     spread(prefill[0], 0.05),
-                    spread(prefill[1], 0.5),
+                    spread(0.5 * prefill[1], 0.25),
                     spread(prefill[2], 0.1),
                     spread(prefill[3], 0.1),
                 ],
@@ -91,8 +94,11 @@ impl CostModel {
     /// A prefill took `seconds`.
     pub fn observe_prefill(&mut self, prompt: usize, running_context: usize, seconds: f64) {
         if self.refit {
-            // Timing noise grows with the time measured: 20% of it, at least 20 ms.
-            let noise = (0.2 * seconds).max(0.02);
+            // Timing noise grows with the time measured: 20% of it, at least 2 ms (a
+            // loopback upstream's jitter). A floor near the short prompts' own prefill (20 ms
+            // on the bundled engine) would weigh a 20 ms and a 50 ms prefill alike, and the
+            // fit would average them instead of following the short ones.
+            let noise = (0.2 * seconds).max(0.002);
             self.prefill
                 .observe(&prefill_x(prompt, running_context), seconds, noise);
         }
@@ -101,7 +107,7 @@ impl CostModel {
     /// Decode steps took `seconds` each on average.
     pub fn observe_decode(&mut self, running: usize, context: usize, seconds: f64) {
         if self.refit {
-            let noise = (0.2 * seconds).max(0.002);
+            let noise = (0.2 * seconds).max(0.0005);
             self.decode
                 .observe(&decode_x(running, context), seconds, noise);
         }

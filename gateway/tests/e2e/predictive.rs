@@ -22,7 +22,6 @@ fn stream(content: &str, max_tokens: usize) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on the real engine (16:15 UTC run): after 7 short streams the median error was +1042% and the 2,250-token prompt was never seen prefilling; the refit needs fixing first"]
 async fn predictive_admission_on_the_real_engine() {
     let _engine = crate::engine::exclusive().await;
     let (sup, gw) = crate::engine::start(Policy::default(), Duration::from_secs(120)).await;
@@ -64,9 +63,12 @@ async fn predictive_admission_on_the_real_engine() {
         "sluice_cost_model_observations_total{model=\"prefill\"}",
     );
     assert!(fitted.is_some_and(|n| n >= 7.0), "{m}");
+    // The first token is the first content event, not the engine's role event (which made
+    // this +1042% before): +14% on 2026-12-01 at load average 8. Half a miss is the margin for
+    // a loaded CI machine; the target (±25%) is checked without it in `replay_tests`.
     let median = metric(&m, "sluice_ttft_prediction_median_error_ratio");
-    assert!(median.is_some_and(f64::is_finite), "{m}");
     eprintln!("after 7 streams: median error {median:?}");
+    assert!(median.is_some_and(|e| e.abs() <= 0.5), "{m}");
 
     // A long prompt prefills; a short one asking for 1 ms cannot be served in time: refused
     // at once, with a Retry-After, never queued.

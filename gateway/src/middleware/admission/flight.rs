@@ -31,8 +31,11 @@ pub(super) struct Flight {
     /// Flights and their context when the first token came.
     pub running_at_first: usize,
     pub context_at_first: usize,
-    /// Output tokens seen so far.
+    /// Output tokens seen so far, and how many of them came while some prefill ran.
     pub tokens: usize,
+    pub tokens_beside_prefill: usize,
+    /// The prefill clock's reading at the first token ([`crate::predict::PrefillClock`]).
+    pub prefill_clock_at_first: Duration,
 }
 
 impl Flight {

@@ -8,13 +8,15 @@
 //! - [`fair`]: the virtual token counters that order a class's tenants.
 //! - [`wait`]: waiting for a slot, with the deadline and cancellation.
 //! - [`service`]: takes the slot, calls the upstream, puts the slot in the response body.
-//! - [`slot`]: the response body holds the slot until its end.
+//! - [`slot`]: the response body holds the slot until its end; [`output`] tells which of its
+//!   pieces carry generated tokens.
 //! - [`shed`]: readiness turned into an immediate `overloaded`.
 
 mod drain;
 mod fair;
 mod flight;
 mod layer;
+mod output;
 mod predictive;
 mod queue;
 mod service;
@@ -24,6 +26,8 @@ mod wait;
 
 #[cfg(test)]
 mod predictive_tests;
+#[cfg(test)]
+mod replay_tests;
 #[cfg(test)]
 mod tests;
 

@@ -174,6 +174,7 @@ impl State {
         self.fair
             .charge(ticket.class, &ticket.tenant, ticket.prompt_tokens as f64);
         self.prefill_tokens += ticket.prompt_tokens;
+        self.prefill_clock.set(self.prefill_tokens > 0, now);
         self.flights.insert(
             id,
             Flight {
@@ -193,6 +194,8 @@ impl State {
                 running_at_first: 0,
                 context_at_first: 0,
                 tokens: 0,
+                tokens_beside_prefill: 0,
+                prefill_clock_at_first: Duration::ZERO,
             },
         );
     }
@@ -212,6 +215,8 @@ impl State {
         f.context_at_first = context - f.context();
         self.prefill_tokens -= f.prompt;
         self.heavy_active -= usize::from(f.heavy);
+        self.prefill_clock.set(self.prefill_tokens > 0, now);
+        f.prefill_clock_at_first = self.prefill_clock.reading(now);
         if !f.stream {
             return None;
         }
@@ -232,8 +237,12 @@ impl State {
     /// `n` more output tokens of flight `id`: charged to its tenant.
     pub(super) fn tokens(&mut self, id: u64, n: usize) {
         let weight = self.limits.fair_output_weight;
+        let beside_prefill = self.prefill_clock.busy();
         if let Some(f) = self.flights.get_mut(&id) {
             f.tokens += n;
+            if beside_prefill {
+                f.tokens_beside_prefill += n;
+            }
             let (class, tenant) = (f.class, f.tenant.clone());
             self.fair.charge(class, &tenant, weight * n as f64);
         }
@@ -247,8 +256,14 @@ impl State {
         let (Some(first), true) = (f.first, f.stream) else {
             return;
         };
-        if f.tokens >= 3 {
-            let step = first.elapsed().as_secs_f64() / (f.tokens - 1) as f64;
+        // The steps outside any prefill: the time, and the gaps between tokens, beside one
+        // were the prefill's (see `predict::busy`).
+        let now = Instant::now();
+        let beside = (self.prefill_clock.reading(now)).saturating_sub(f.prefill_clock_at_first);
+        let decoding = now.saturating_duration_since(first).saturating_sub(beside);
+        let gaps = (f.tokens.saturating_sub(1)).saturating_sub(f.tokens_beside_prefill);
+        if gaps >= 2 && !decoding.is_zero() {
+            let step = decoding.as_secs_f64() / gaps as f64;
             let running = (f.running_at_first + self.flights.len() + 1).div_ceil(2);
             self.model
                 .observe_decode(running, f.context_at_first + f.context(), step);
@@ -265,6 +280,8 @@ impl State {
         if f.first.is_none() {
             self.prefill_tokens -= f.prompt;
             self.heavy_active -= usize::from(f.heavy);
+            self.prefill_clock
+                .set(self.prefill_tokens > 0, Instant::now());
         }
         Some(f)
     }

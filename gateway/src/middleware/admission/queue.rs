@@ -31,7 +31,7 @@ use super::fair::Fairness;
 use super::flight::Flight;
 use crate::error::GatewayError;
 use crate::policy::{self, Class, Cost};
-use crate::predict::{CostModel, History};
+use crate::predict::{CostModel, History, PrefillClock};
 
 /// The limits admission enforces (a view of the policy's `[admission]` table).
 #[derive(Clone, Debug, PartialEq)]
@@ -143,8 +143,9 @@ pub(super) struct State {
     ready_wakers: Vec<std::task::Waker>,
     /// The requests holding a slot, by permit id.
     pub(super) flights: HashMap<u64, Flight>,
-    /// Prompt tokens of the flights not yet past their prefill.
+    /// Prompt tokens of the flights not yet past their prefill, and how long there were any.
     pub(super) prefill_tokens: usize,
+    pub(super) prefill_clock: PrefillClock,
     pub(super) fair: Fairness,
     pub(super) model: CostModel,
     pub(super) history: History,
@@ -243,6 +244,7 @@ impl Admission {
                 ready_wakers: Vec::new(),
                 flights: HashMap::new(),
                 prefill_tokens: 0,
+                prefill_clock: PrefillClock::default(),
                 fair: Fairness::default(),
                 model: CostModel::new(&limits.cost),
                 history: History::default(),

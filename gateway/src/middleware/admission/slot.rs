@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use http_body_util::BodyExt;
 
+use super::output;
 use super::queue::Permit;
 use crate::body::{BoxError, GatewayBody, Tap, TapBody};
 use crate::telemetry::Metrics;
@@ -23,9 +24,10 @@ pub fn slot_body(inner: GatewayBody, permit: Permit, metrics: Arc<Metrics>) -> G
     .boxed_unsync()
 }
 
-/// The held slot; its first bytes end the prefill (and time it), each chunk's tokens are
-/// counted (for the tenant's fair share and the decode fit); freeing it records the upstream
-/// duration (slot granted → last byte).
+/// The held slot; its first output ends the prefill and times it (its first output, not its
+/// first bytes: see [`output`]), each event with output counts as a token (for the tenant's
+/// fair share and the decode fit); freeing it records the upstream duration (slot granted →
+/// last byte).
 #[derive(Debug)]
 struct Slot {
     permit: Option<Permit>,
@@ -44,14 +46,11 @@ impl Slot {
     }
 }
 
-/// Stream chunks that carry a choice (one generated token each from the bundled engine; the
-/// usage chunk's `"choices":[]` does not count).
-const TOKEN_CHUNK: &[u8] = b"\"choices\":[{";
-
 impl Tap for Slot {
     fn data(&mut self, data: &bytes::Bytes) {
         let Some(p) = &self.permit else { return };
-        if !self.first {
+        let out = output::scan(data);
+        if !self.first && out.past_prefill() {
             self.first = true;
             if let Some(pair) = p.first_token() {
                 self.metrics
@@ -59,12 +58,8 @@ impl Tap for Slot {
                     .observe_value(pair.relative_error().abs());
             }
         }
-        let n = data
-            .windows(TOKEN_CHUNK.len())
-            .filter(|w| *w == TOKEN_CHUNK)
-            .count();
-        if n > 0 {
-            p.tokens(n);
+        if out.tokens > 0 {
+            p.tokens(out.tokens);
         }
     }
 
