@@ -3,9 +3,9 @@
 
 use std::cell::RefCell;
 
-#[cfg(target_arch = "x86_64")]
-use super::flash;
 use super::SimdLevel;
+#[cfg(target_arch = "x86_64")]
+use super::{flash, flash512};
 
 /// One KV head of one sequence in a paged cache of f16 keys and values (as bits: llama.cpp's
 /// default cache type; half the bytes a decode step streams, and exact to widen).
@@ -67,10 +67,11 @@ thread_local! {
 /// K[p]) · V[p]` over positions `p < n_ctx0 + r`, with `q = q[r * q_stride + g * hd..][..hd]`;
 /// `out.len()` is a multiple of `heads * hd`. A row's result does not depend on the other rows or
 /// on how heads are grouped into calls, nor on whether it is a prefill or a decode row; levels
-/// agree within float tolerance (the AVX-512 path sums each score over the head's elements in two
-/// interleaved chains and the weights in 8 lanes, and divides the weighted sum of values once;
-/// the AVX2 path is the tiled online softmax of `flash`; the portable path sums in order and
-/// divides each weight).
+/// agree within float tolerance (heads of 32, 64 or 128 floats in blocks of 16 take the tiled
+/// online softmax of `flash` on AVX2 and of `flash512` on AVX-512; other shapes on AVX-512 the
+/// per-row kernel here, which sums each score over the head's elements in two interleaved chains
+/// and the weights in 8 lanes, and divides the weighted sum of values once; the portable path
+/// sums in order and divides each weight).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
     kv: &KvHead,
@@ -142,7 +143,7 @@ pub fn attend_rows_with(
     };
     let level = level.clamp();
     #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx2 && flash::takes(hd, bs) {
+    if level != SimdLevel::Scalar && flash::takes(hd, bs) {
         let call = flash::Call {
             q,
             q_stride,
@@ -151,10 +152,15 @@ pub fn attend_rows_with(
             n_ctx0,
             scale,
         };
-        // SAFETY: the level is clamped to the detected one, so AVX2, FMA and F16C are present;
-        // every used block lies inside both caches and `q` holds every row's heads (asserted
-        // above); `out` holds the rows.
-        unsafe { flash::run_avx2(kv, &call, out) };
+        if level == SimdLevel::Avx2 {
+            // SAFETY: the level is clamped to the detected one, so AVX2, FMA and F16C are
+            // present; every used block lies inside both caches and `q` holds every row's heads
+            // (asserted above); `out` holds the rows.
+            unsafe { flash::run_avx2(kv, &call, out) };
+        } else {
+            // SAFETY: as above, with AVX-512 F/BW/VL (both AVX-512 levels).
+            unsafe { flash512::run(kv, &call, out) };
+        }
         return;
     }
     SCORES.with(|cell| {

@@ -12,9 +12,8 @@
 //! Every query row runs the same operations in the same order whatever tile, task or call it is
 //! in (its own causal limit decides which blocks and lanes it takes), so prefill rows, chunked
 //! prefill rows and decode rows give identical bits, and a row's result does not depend on the
-//! batch. The kernel is written once over [`F16x16`]; AVX2 instantiates it. (With AVX-512 the
-//! per-row kernel of `attention`, which shares each key and value load among a row's query heads,
-//! measured faster than this tiling at 512 and 4,096 positions, so AVX-512 keeps it.)
+//! batch. The kernel is written once over [`F16x16`]; AVX2 instantiates it. AVX-512 has its own
+//! register-blocked twin of the scheme in `flash512` (larger tiles, broadcasts from memory).
 
 use super::simd16::F16x16;
 #[cfg(target_arch = "x86_64")]
@@ -32,6 +31,19 @@ fn prefetch(p: *const u16) {
     unsafe {
         std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
     };
+}
+
+/// Asks for block `b + 1`'s keys and values (each a contiguous run) ahead of use, if it is one
+/// of the first `n_blocks`.
+#[inline(always)]
+pub(super) fn prefetch_next_block(kv: &KvHead, n_blocks: usize, b: usize) {
+    if let Some(&next) = kv.blocks[..n_blocks].get(b + 1) {
+        let next = next as usize * kv.block_stride;
+        for l in (0..BLOCK * kv.head_dim).step_by(32) {
+            prefetch(kv.k.as_ptr().wrapping_add(next + l));
+            prefetch(kv.v.as_ptr().wrapping_add(next + l));
+        }
+    }
 }
 
 /// The shape of one call: see [`super::attend_rows`].
@@ -146,14 +158,7 @@ unsafe fn tile<V: F16x16, const NQ: usize, const NV: usize, const G: usize>(
         let n_blocks = limit[NQ - 1].div_ceil(BLOCK);
         for b in 0..n_blocks {
             let base = kv.blocks[b] as usize * kv.block_stride;
-            // The next block's keys and values (each a contiguous run), ahead of use.
-            if let Some(&next) = kv.blocks[..n_blocks].get(b + 1) {
-                let next = next as usize * kv.block_stride;
-                for l in (0..BLOCK * hd).step_by(32) {
-                    prefetch(kp.wrapping_add(next + l));
-                    prefetch(vp.wrapping_add(next + l));
-                }
-            }
+            prefetch_next_block(kv, n_blocks, b);
             // The scores of the tile's queries for the block's 16 positions, one chain each,
             // each key vector widened once for all queries.
             let mut score = [V::zero(); NQ];

@@ -24,7 +24,7 @@
 
 use std::arch::x86_64::*;
 
-use super::flash::{prefetch, Call, BLOCK};
+use super::flash::{prefetch_next_block, Call, BLOCK};
 use super::KvHead;
 
 /// Most queries in one tile.
@@ -163,14 +163,7 @@ unsafe fn tile<const NV: usize, const T: usize>(
     let n_blocks = limit[nq - 1].div_ceil(BLOCK);
     for b in 0..n_blocks {
         let base = kv.blocks[b] as usize * kv.block_stride;
-        // The next block's keys and values (each a contiguous run), ahead of use.
-        if let Some(&next) = kv.blocks[..n_blocks].get(b + 1) {
-            let next = next as usize * kv.block_stride;
-            for l in (0..BLOCK * hd).step_by(32) {
-                prefetch(kp.wrapping_add(next + l));
-                prefetch(vp.wrapping_add(next + l));
-            }
-        }
+        prefetch_next_block(kv, n_blocks, b);
         // The queries from `first` on reach this block.
         let first = limit[..nq].partition_point(|&l| l <= BLOCK * b);
         // SAFETY: the block's keys lie inside the key cache (caller's promise); each query holds

@@ -33,6 +33,8 @@ mod argmax;
 mod attention;
 mod f16;
 mod flash;
+#[cfg(target_arch = "x86_64")]
+mod flash512;
 mod fused;
 /// The body of a SIMD level's quantized `tile` (`avx2::tile`, `avx512::tile`): checks the
 /// buffers against the shape, then runs the calling module's `q4_1_tile` or `q8_0_tile`

@@ -1,8 +1,8 @@
 //! Sixteen f32 lanes as one value (a KV block's 16 positions), for kernels written once for
 //! several instruction sets (`flash`'s tiled attention): the trait names no instruction set; each
-//! implementation sits in a file of its own, two ymm registers on AVX2 (`ymm2.rs`). A zmm register
-//! would be one implementation more (tried for the tiled attention: slower there than the AVX-512
-//! per-row kernel), a NEON twin four `float32x4_t` (a `neon4.rs` beside `ymm2.rs`).
+//! implementation sits in a file of its own, two ymm registers on AVX2 (`ymm2.rs`), a NEON twin
+//! four `float32x4_t` (a `neon4.rs` beside `ymm2.rs`). AVX-512 does not go through it: with 32
+//! registers and broadcasts from memory its tiled attention is register-blocked in `flash512`.
 //!
 //! Every method is `#[inline(always)]` and `unsafe`: it may only run inside a function compiled
 //! with its implementation's features (AVX2, FMA and F16C for `Ymm2`), into which it inlines.

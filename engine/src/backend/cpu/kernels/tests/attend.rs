@@ -19,6 +19,12 @@ fn attention_rows_match_reference() {
         (64, 16, 3, 19, 5),
         (64, 16, 1, 30, 40),
         (32, 16, 7, 3, 70),
+        // Tiles of the AVX-512 kernel: one full tile of 16 rows x 3 heads from the first
+        // position, 48 + 22 rows of one head, heads of 8 vectors (3 a value group), 24 rows of 2.
+        (64, 16, 3, 16, 1),
+        (64, 16, 1, 70, 3),
+        (128, 16, 3, 20, 20),
+        (32, 16, 2, 30, 50),
     ];
     for (hd, bs, heads, n_rows, n_ctx0) in cases {
         let n_max = n_ctx0 + n_rows - 1;
@@ -164,4 +170,35 @@ fn exp_matches_libm(level: SimdLevel) {
     assert!(vexp::exp8(level, &[f32::NAN; 8])[0].is_nan());
     assert_eq!(vexp::exp8(level, &[100.0; 8])[0], f32::INFINITY);
     assert_eq!(vexp::exp8(level, &[-1e4; 8])[0], 0.0);
+}
+
+/// The AVX-512 tiled kernel's softmax `exp` within 2 ulps of `f32::exp` over [-104, 0] (where a
+/// weight is a normal float), and exactly 0 for -inf and below -150 (masked lanes weigh nothing).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn tiled_softmax_exp_is_within_two_ulps() {
+    if SimdLevel::Avx512.clamp() != SimdLevel::Avx512 {
+        return;
+    }
+    let mut worst = 0u32;
+    let xs: Vec<f32> = (0..1 << 20)
+        .map(|i| -104.0 * i as f32 / (1 << 20) as f32)
+        .chain([0.0, -0.0, -1e-30, -87.3])
+        .collect();
+    for c in xs.chunks(16) {
+        let mut x = [0f32; 16];
+        x[..c.len()].copy_from_slice(c);
+        // SAFETY: AVX-512 F is present (its level is supported).
+        let got = unsafe { flash512::exp16_for_test(&x) };
+        for (&x, g) in x.iter().zip(got) {
+            worst = worst.max(g.to_bits().abs_diff(x.exp().to_bits()));
+        }
+    }
+    assert!(worst <= 2, "tiled exp: {worst} ulps off");
+    let mut x = [-150.5f32; 16];
+    x[0] = f32::NEG_INFINITY;
+    x[1] = -1e4;
+    // SAFETY: as above.
+    let got = unsafe { flash512::exp16_for_test(&x) };
+    assert!(got.iter().all(|&g| g.to_bits() == 0), "{got:?}");
 }
