@@ -226,6 +226,7 @@ async fn recorded_engine_streams_are_predicted_within_a_quarter() {
     // And the short ones stay predicted.
     replay(adm.clone(), &COUNT[0]).await;
     let short = *errors(&adm).last().expect("pair");
+    eprintln!("relative errors, in order: {:?}", errors(&adm));
     assert!(short.abs() <= 0.35, "short after long: {short:+.2}");
 }
 
