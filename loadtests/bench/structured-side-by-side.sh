@@ -29,7 +29,7 @@ PEER=${PEER:-/tmp/peer/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin}
 TEMPLATE=$PEER/../../models/templates/Qwen-Qwen2.5-7B-Instruct.jinja
 SEED=${SEED:-21}
 REQUESTS=${REQUESTS:-20}
-PORT=18411
+BASE_PORT=18411
 
 source loadtests/bench/lib.sh
 PID=
@@ -47,6 +47,8 @@ load() { # TARGET WORKLOAD [extra sluice-load args]
 }
 
 for target in $TARGETS; do
+    # A port per target: the last server's may not be free yet.
+    PORT=$((BASE_PORT++))
     case $target in
     engine) "$BIN/sluice-engine" serve --ranks 3 --model "$MODEL" --listen "127.0.0.1:$PORT" ;;
     llama) LD_LIBRARY_PATH=$PEER "$PEER/llama-server" -m "$MODEL" --jinja -t 2 -np 4 -c 8192 \
