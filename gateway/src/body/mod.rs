@@ -1,6 +1,8 @@
 //! The response body type every layer returns: boxed, so upstream streams and the gateway's
 //! own JSON answers share one type.
 
+pub mod output;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 

@@ -12,7 +12,7 @@ use super::record::RequestRecord;
 use super::spans::Ended;
 use super::usage::UsageScanner;
 use super::Metrics;
-use crate::body::{BoxError, GatewayBody, Tap, TapBody};
+use crate::body::{output, BoxError, GatewayBody, Tap, TapBody};
 use crate::error::GatewayError;
 
 /// The ways a request ends (the `outcome` label of `sluice_requests_total`).
@@ -125,7 +125,7 @@ impl OutcomeGuard {
             status,
             end: self.end.take(),
             usage: UsageScanner::default(),
-            seen_data: false,
+            seen_output: false,
             stream_error: false,
         };
         TapBody::new(body, ending).boxed_unsync()
@@ -154,7 +154,7 @@ struct Ending {
     status: StatusCode,
     end: Option<(Arc<Metrics>, RequestRecord)>,
     usage: UsageScanner,
-    seen_data: bool,
+    seen_output: bool,
     /// The stream carried an error event (`data: {"error": ...}`): it failed, even if it then
     /// ended cleanly with `[DONE]`.
     stream_error: bool,
@@ -200,8 +200,10 @@ impl Ending {
 
 impl Tap for Ending {
     fn data(&mut self, data: &Bytes) {
-        if !self.seen_data {
-            self.seen_data = true;
+        // The first token, not the first bytes: a stream's role event comes before any
+        // prefill (see [`output`]).
+        if !self.seen_output && output::scan(data).past_prefill() {
+            self.seen_output = true;
             if let Some((m, r)) = &self.end {
                 m.time_to_first_token.observe(r.facts().arrived.elapsed());
                 r.first_byte();

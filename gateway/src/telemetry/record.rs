@@ -108,7 +108,8 @@ impl RequestRecord {
         }
     }
 
-    /// The response's first body bytes went out.
+    /// The response's first token went out (its first event with output, see
+    /// [`crate::body::output`]).
     pub fn first_byte(&self) {
         let now = Instant::now();
         if let Some(u) = &mut self.lock().upstream {

@@ -16,7 +16,6 @@ mod drain;
 mod fair;
 mod flight;
 mod layer;
-mod output;
 mod predictive;
 mod queue;
 mod service;

@@ -6,9 +6,8 @@ use std::sync::Arc;
 
 use http_body_util::BodyExt;
 
-use super::output;
 use super::queue::Permit;
-use crate::body::{BoxError, GatewayBody, Tap, TapBody};
+use crate::body::{output, BoxError, GatewayBody, Tap, TapBody};
 use crate::telemetry::Metrics;
 
 /// `inner`, holding `permit` until it ends, fails or is dropped.

@@ -10,7 +10,7 @@
 
 /// What one piece of the body carried.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Output {
+pub struct Output {
     /// Events (or whole answers) with generated output.
     pub tokens: usize,
     /// Some choice finished (its output, if any, is over).
@@ -33,7 +33,7 @@ const FINISH: &[u8] = b"\"finish_reason\":";
 /// Scans one piece of a response (one or more `data:` events of a stream, or a whole JSON
 /// answer). Events are split at blank lines; one cut by a frame boundary is judged by the part
 /// holding its choice.
-pub(super) fn scan(data: &[u8]) -> Output {
+pub fn scan(data: &[u8]) -> Output {
     let mut out = Output::default();
     for event in split_events(data) {
         let has_choice = values(event, CHOICES).any(|v| {
