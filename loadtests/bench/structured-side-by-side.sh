@@ -50,13 +50,20 @@ for target in $TARGETS; do
     # A port per target: the last server's may not be free yet.
     PORT=$((BASE_PORT++))
     case $target in
-    engine) "$BIN/sluice-engine" serve --ranks 3 --model "$MODEL" --listen "127.0.0.1:$PORT" ;;
-    llama) LD_LIBRARY_PATH=$PEER "$PEER/llama-server" -m "$MODEL" --jinja -t 2 -np 4 -c 8192 \
-        --host 127.0.0.1 --port "$PORT" ;;
-    llama-tools) LD_LIBRARY_PATH=$PEER "$PEER/llama-server" -m "$MODEL" --jinja -t 2 -np 4 \
-        -c 8192 --chat-template-file "$TEMPLATE" --host 127.0.0.1 --port "$PORT" ;;
+    engine) cmd=("$BIN/sluice-engine" serve --ranks 3 --model "$MODEL") ;;
+    llama) cmd=(env "LD_LIBRARY_PATH=$PEER" "$PEER/llama-server" -m "$MODEL" --jinja -t 2
+        -np 4 -c 8192) ;;
+    llama-tools) cmd=(env "LD_LIBRARY_PATH=$PEER" "$PEER/llama-server" -m "$MODEL" --jinja
+        -t 2 -np 4 -c 8192 --chat-template-file "$TEMPLATE") ;;
     *) echo "unknown target $target" >&2; exit 1 ;;
-    esac >"$OUT/$target.log" 2>&1 &
+    esac
+    # Started straight (no subshell), so that `stop` stops the server itself.
+    if [[ $target == engine ]]; then
+        exec_args=(--listen "127.0.0.1:$PORT")
+    else
+        exec_args=(--host 127.0.0.1 --port "$PORT")
+    fi
+    "${cmd[@]}" "${exec_args[@]}" >"$OUT/$target.log" 2>&1 &
     PID=$!
     PIDS+=("$PID")
     wait_up "http://127.0.0.1:$PORT/health"
