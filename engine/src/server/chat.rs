@@ -74,11 +74,15 @@ pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, 
     Ok(super::json_response(http::StatusCode::OK, &resp))
 }
 
+/// OpenAI's finish reason: `length` whenever `max_tokens` (or the window) cut the output off,
+/// tool calls or not (with parallel calls allowed, a small model may repeat its call until the
+/// limit, and the last one is then unfinished); otherwise `tool_calls` when the answer holds
+/// calls.
 fn finish_reason(reason: FinishReason, calls: &[ToolCall]) -> &'static str {
-    if calls.is_empty() {
-        reason.as_str()
-    } else {
-        "tool_calls"
+    match reason {
+        FinishReason::Length => "length",
+        FinishReason::Stop if calls.is_empty() => "stop",
+        FinishReason::Stop => "tool_calls",
     }
 }
 
@@ -174,5 +178,23 @@ impl ChunkFormatter for ChatStream {
         if self.include_usage {
             out.push(to_json(&ChatChunk::new(&self.meta, None, Some(done.usage))));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_off_answer_is_length_even_with_calls() {
+        let calls = tools::parse_output(
+            "<tool_call>\n{\"name\":\"f\",\"arguments\":{}}\n</tool_call>\n<tool_call>\n{\"na",
+        )
+        .calls;
+        assert_eq!(calls.len(), 1);
+        assert_eq!(finish_reason(FinishReason::Length, &calls), "length");
+        assert_eq!(finish_reason(FinishReason::Stop, &calls), "tool_calls");
+        assert_eq!(finish_reason(FinishReason::Stop, &[]), "stop");
+        assert_eq!(finish_reason(FinishReason::Length, &[]), "length");
     }
 }

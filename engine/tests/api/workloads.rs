@@ -134,6 +134,9 @@ pub fn required_tool_calls(addr: &str) -> Run {
                 "seed": 1,
                 "tools": tools,
                 "tool_choice": "required",
+                // One call asked for (as sluice-load's tools workload): with parallel calls
+                // allowed the model repeats its call until max_tokens ("length").
+                "parallel_tool_calls": false,
             }),
         )
     });
