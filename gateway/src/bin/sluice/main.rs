@@ -13,6 +13,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use sluice_gateway::policy::load::check_file;
 
+/// mimalloc's per-thread caches instead of glibc's arenas: a request allocates and frees many
+/// small buffers (headers, JSON, token ids) on whichever worker runs it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Sluice: an admission-controlled HTTPS gateway for LLM serving.
 #[derive(Parser, Debug)]
 #[command(name = "sluice", version)]
