@@ -27,20 +27,21 @@ LEVELS=${LEVELS-native avx2}
 SEED=${SEED:-11}
 P_ENGINE=18401 P_LLAMA=18402 P_GATEWAY=18403
 
+# The servers start slowly (three ranks; llama-server at 16K context).
+export WAIT_UP_S=${WAIT_UP_S:-300}
+source loadtests/bench/lib.sh
 PID=
+# Stops the server of the last run (the others are stopped already; lib.sh's cleanup at exit).
 stop() {
     [[ -n $PID ]] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null || true
     PID=
 }
-trap stop EXIT
-
-wait_up() { # URL
-    for _ in $(seq 1500); do
-        curl -skf -o /dev/null "$1" && return 0
-        sleep 0.2
-    done
-    echo "not up: $1" >&2
-    exit 1
+start() { # LOG COMMAND...
+    local log=$1
+    shift
+    "$@" >"$log" 2>&1 &
+    PID=$!
+    PIDS+=("$PID")
 }
 
 load() { # NAME URL CONCURRENCY SHAPE REQUESTS [extra sluice-load args]
@@ -63,16 +64,14 @@ peer_of() { if [[ $1 == avx2 ]]; then echo "$PEER_AVX2"; else echo "$PEER_NATIVE
 
 for level in $LEVELS; do
     peer=$(peer_of "$level")
-    $(simd_of "$level") "$BIN/sluice-engine" serve --ranks 3 --model "$MODEL" \
-        --listen 127.0.0.1:$P_ENGINE >"$OUT/$level-engine.log" 2>&1 &
-    PID=$!
+    start "$OUT/$level-engine.log" $(simd_of "$level") "$BIN/sluice-engine" serve --ranks 3 \
+        --model "$MODEL" --listen 127.0.0.1:$P_ENGINE
     wait_up http://127.0.0.1:$P_ENGINE/health
     matrix "$level-engine" http://127.0.0.1:$P_ENGINE
     stop
 
-    LD_LIBRARY_PATH=$peer "$peer/llama-server" -m "$MODEL" -t 2 -np 8 -c 16384 \
-        --host 127.0.0.1 --port $P_LLAMA >"$OUT/$level-llama.log" 2>&1 &
-    PID=$!
+    start "$OUT/$level-llama.log" env LD_LIBRARY_PATH="$peer" "$peer/llama-server" -m "$MODEL" \
+        -t 2 -np 8 -c 16384 --host 127.0.0.1 --port $P_LLAMA
     wait_up http://127.0.0.1:$P_LLAMA/health
     matrix "$level-llama" http://127.0.0.1:$P_LLAMA
     stop
@@ -84,19 +83,17 @@ done
 # to llama-server.
 for level in ${LEVELS_8K-native avx2}; do
     peer=$(peer_of "$level")
-    $(simd_of "$level") "$BIN/sluice" serve --model "$MODEL" --listen 127.0.0.1:$P_GATEWAY \
-        >"$OUT/$level-8k-gateway.log" 2>&1 &
-    PID=$!
-    wait_up https://127.0.0.1:$P_GATEWAY/readyz # ready once the bundled engine's ranks are
+    start "$OUT/$level-8k-gateway.log" $(simd_of "$level") "$BIN/sluice" serve --model "$MODEL" \
+        --listen 127.0.0.1:$P_GATEWAY
+    wait_up https://127.0.0.1:$P_GATEWAY/readyz -k # ready once the bundled engine's ranks are
     load "$level-8k-gateway" https://127.0.0.1:$P_GATEWAY 1 8192:16 2 --ca certs/sluice-dev-ca.pem
     stop
 
     # llama-server clamps a slot to the model's training context (8,192), which an 8,192-token
     # prompt and its output exceed; the override gives it the 16,384 asked for.
-    LD_LIBRARY_PATH=$peer "$peer/llama-server" -m "$MODEL" -t 2 -np 1 -c 16384 \
-        --override-kv llama.context_length=int:16384 --host 127.0.0.1 --port $P_LLAMA \
-        >"$OUT/$level-8k-llama.log" 2>&1 &
-    PID=$!
+    start "$OUT/$level-8k-llama.log" env LD_LIBRARY_PATH="$peer" "$peer/llama-server" \
+        -m "$MODEL" -t 2 -np 1 -c 16384 --override-kv llama.context_length=int:16384 \
+        --host 127.0.0.1 --port $P_LLAMA
     wait_up http://127.0.0.1:$P_LLAMA/health
     load "$level-8k-llama" http://127.0.0.1:$P_LLAMA 1 8192:16 2
     stop
