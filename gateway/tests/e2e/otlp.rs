@@ -329,8 +329,16 @@ async fn a_queued_request_is_traced_as_queue_then_upstream() {
     )
     .expect("valid traceparent");
     let mut tx = arrival.tx;
+    // The role event first (as engines send it on accepting the request, before any prefill),
+    // then the first token 50 ms later: the span's first token is the token.
     tx.send_data(Bytes::from_static(
-        b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":3}}\n\ndata: [DONE]\n\n",
+        b"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+    ))
+    .await
+    .expect("send");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    tx.send_data(Bytes::from_static(
+        b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":3}}\n\ndata: [DONE]\n\n",
     ))
     .await
     .expect("send");
@@ -398,8 +406,9 @@ async fn a_queued_request_is_traced_as_queue_then_upstream() {
     );
     let ttft = secs(upstream.attr("gen_ai.latency.time_to_first_token"));
     assert!(
-        ttft >= in_queue,
-        "TTFT counts from arrival: {ttft} vs {in_queue}"
+        ttft >= in_queue + 0.045,
+        "TTFT counts from arrival to the first token, not to the role event: {ttft} vs \
+         {in_queue} in the queue"
     );
     assert_eq!(
         root.attr("sluice.outcome"),
