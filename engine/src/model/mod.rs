@@ -5,6 +5,7 @@ pub mod config;
 pub mod detok;
 pub mod gguf;
 pub mod llama;
+pub mod synthetic;
 #[cfg(test)]
 pub(crate) mod tiny;
 pub mod tokenizer;

@@ -12,7 +12,7 @@
 //!   by, when a step is replayed or captured again, the staging of per-step inputs.
 //! - `probe` (feature `cuda`): what `--device cuda` checks first.
 //! - `device`, `backend` (feature `cuda`): the loaded modules and their launchers; the backend.
-//! - [`synthetic`]: a seeded GGUF with the bundled model's shapes; `model_check` (feature
+//! - [`crate::model::synthetic`]: a seeded GGUF with the bundled model's shapes; `model_check` (feature
 //!   `cuda`): the GPU check's model-level part, which runs it on both backends.
 //!
 //! `make cuda-check` compiles every module for `compute_90` and `compute_80` with NVRTC from
@@ -33,5 +33,4 @@ pub mod launch;
 pub mod model_check;
 #[cfg(feature = "cuda")]
 pub mod probe;
-pub mod synthetic;
 pub mod twins;

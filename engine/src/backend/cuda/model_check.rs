@@ -19,7 +19,6 @@ use serde_json::{json, Value};
 
 use super::backend::CudaBackend;
 use super::graphs::GraphConfig;
-use super::synthetic::{self, SMOLLM2_135M};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::Backend;
 use crate::bench::{self, BenchConfig};
@@ -27,6 +26,7 @@ use crate::error::Result;
 use crate::generate::Rng;
 use crate::kv::{BlockPool, BlockTable, SeqRows};
 use crate::model::gguf::GgufFile;
+use crate::model::synthetic::{self, SMOLLM2_135M};
 use crate::model::{Llama, ModelPart};
 use crate::pipeline::LayerSplit;
 

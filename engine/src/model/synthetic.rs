@@ -1,6 +1,7 @@
-//! A seeded synthetic model with the bundled model's shapes, written as GGUF by the engine's own
-//! writer: what the GPU check runs (the real model, 98 MB, does not fit the 64 MiB a device run
-//! may carry; this one is written on the GPU machine in about a second).
+//! A seeded synthetic Llama of any shape, written as GGUF by the engine's own writer. With the
+//! bundled model's shapes it is what the GPU check runs (the real model, 98 MB, does not fit the
+//! 64 MiB a device run may carry; this one is written on the GPU machine in about a second);
+//! with tiny ones it is the tests' model (`model::tiny`).
 //!
 //! Matrices are Q4_1, the embeddings Q8_0 and tied to the output head, norms F32, as in
 //! SmolLM2-135M-Instruct.Q4_1.gguf; weights are uniform in ±1.7/√cols (the embeddings ±1, the
