@@ -17,23 +17,20 @@ OUT=${1:?usage: $0 OUT_DIR}
 mkdir -p "$OUT"
 BIN=${CARGO_TARGET_DIR:-target}/release
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
-PEER_NATIVE=${PEER_NATIVE:-/tmp/peer/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin}
-PEER_AVX2=${PEER_AVX2:-/tmp/peer-avx2/build/bin}
 REPS=${REPS:-3}
+source loadtests/bench/lib.sh
 
 stamp() { echo "# $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg) $*"; }
 
 for level in ${LEVELS-native avx2}; do
-    simd=()
-    [[ $level != native ]] && simd=(env "SLUICE_SIMD=$level")
-    peer=$PEER_NATIVE
-    [[ $level == avx2 ]] && peer=$PEER_AVX2
+    simd=$(simd_of "$level")
+    peer=$(peer_of "$level")
     {
         stamp engine short
-        "${simd[@]}" "$BIN/sluice-engine" bench --threads 2 --prefill-tokens 512 \
+        $simd "$BIN/sluice-engine" bench --threads 2 --prefill-tokens 512 \
             --decode-tokens 128 --batches 1,8 --repetitions "$REPS"
         stamp engine long
-        "${simd[@]}" "$BIN/sluice-engine" bench --threads 2 --prefill-tokens 4096,8192 \
+        $simd "$BIN/sluice-engine" bench --threads 2 --prefill-tokens 4096,8192 \
             --decode-tokens 0 --repetitions 1
     } >>"$OUT/$level-engine.txt" 2>&1
     {

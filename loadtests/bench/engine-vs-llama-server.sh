@@ -21,8 +21,6 @@ OUT=${1:?usage: $0 OUT_DIR}
 mkdir -p "$OUT"
 BIN=${CARGO_TARGET_DIR:-target}/release
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
-PEER_NATIVE=${PEER_NATIVE:-/tmp/peer/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin}
-PEER_AVX2=${PEER_AVX2:-/tmp/peer-avx2/build/bin}
 LEVELS=${LEVELS-native avx2}
 SEED=${SEED:-11}
 P_ENGINE=18401 P_LLAMA=18402 P_GATEWAY=18403
@@ -57,10 +55,6 @@ matrix() { # NAME URL
     load "$1" "$2" 8 256:128 16
     load "$1" "$2" 4 1024:256 8
 }
-
-# The command prefix that forces a SIMD level, and the llama.cpp build for it.
-simd_of() { [[ $1 == native ]] || echo "env SLUICE_SIMD=$1"; }
-peer_of() { if [[ $1 == avx2 ]]; then echo "$PEER_AVX2"; else echo "$PEER_NATIVE"; fi; }
 
 for level in $LEVELS; do
     peer=$(peer_of "$level")

@@ -41,3 +41,13 @@ kind = "openai"
 urls = ["http://127.0.0.1:$4"]
 EOF_POLICY
 }
+
+# llama.cpp peers per SIMD level (engine-vs-llama-*.sh): the build of
+# shared/tools/build-llama-cpp.sh, and one built with -DGGML_AVX512=OFF standing in for the
+# AVX2-only CPUs.
+PEER_NATIVE=${PEER_NATIVE:-/tmp/peer/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin}
+PEER_AVX2=${PEER_AVX2:-/tmp/peer-avx2/build/bin}
+# The command prefix that forces a SIMD level on the engine (none for native), and the
+# llama.cpp build for that level.
+simd_of() { [[ $1 == native ]] || echo "env SLUICE_SIMD=$1"; }
+peer_of() { if [[ $1 == avx2 ]]; then echo "$PEER_AVX2"; else echo "$PEER_NATIVE"; fi; }
