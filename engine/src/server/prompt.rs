@@ -78,11 +78,7 @@ pub fn prompt_ids(
             completion_ids(parse::completion_request(body)?.prompt, tokenizer)?
         }
     };
-    if ids.is_empty() {
-        let param = endpoint.prompt_param();
-        return Err(ApiError::invalid(param, format!("{param}: must not be empty")).into());
-    }
-    Ok(ids)
+    non_empty(endpoint, ids)
 }
 
 /// The token ids of `body`'s prompt as an OpenAI-compatible server that gives the request to
@@ -120,6 +116,11 @@ pub fn upstream_prompt_ids(
             completion_ids(parse::prompt_value(prompt)?, tokenizer)?
         }
     };
+    non_empty(endpoint, ids)
+}
+
+/// `ids`, unless the prompt is empty: then the error naming the endpoint's prompt field.
+fn non_empty(endpoint: Endpoint, ids: Vec<u32>) -> Result<Vec<u32>, PromptError> {
     if ids.is_empty() {
         let param = endpoint.prompt_param();
         return Err(ApiError::invalid(param, format!("{param}: must not be empty")).into());
