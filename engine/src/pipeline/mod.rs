@@ -66,9 +66,12 @@ impl<B: Backend> LocalDriver<B> {
 
 impl<B: Backend> Driver for LocalDriver<B> {
     fn submit(&mut self, batch: MicroBatch) -> Result<()> {
-        let seqs = &batch.forward.seqs;
-        self.stage.run_tokens(seqs, &batch.ids)?;
-        let sampled = self.stage.sample(batch.forward.batch, seqs)?;
+        let mut f = batch.forward;
+        self.stage.run_tokens(&f.seqs, &batch.ids)?;
+        if let Some(m) = batch.masks {
+            m.fill(&mut f);
+        }
+        let sampled = self.stage.sample(f.batch, &f.seqs)?;
         let _ = self.inbox.send(Input::Sampled(sampled));
         Ok(())
     }

@@ -202,9 +202,13 @@ fn listen(
 
 impl<B: Backend> Driver for RemoteDriver<B> {
     fn submit(&mut self, batch: MicroBatch) -> Result<()> {
-        let f = batch.forward;
+        let mut f = batch.forward;
         self.stage.run_tokens(&f.seqs, &batch.ids)?;
         let hidden = f32_to_le_bytes(&self.stage.hidden(f.rows as usize));
+        // The masks were computed meanwhile; only the last rank reads them.
+        if let Some(m) = batch.masks {
+            m.fill(&mut f);
+        }
         self.data.send(&Message::Forward(f), &hidden)
     }
 

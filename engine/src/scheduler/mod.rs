@@ -3,9 +3,11 @@
 //! by recomputation when the KV pool runs out, and immediate release of aborted requests.
 //!
 //! It is vLLM's v1 design without separate prefill and decode phases: each sequence's
-//! `num_scheduled` catches up with its tokens, a chunk at a time.
+//! `num_scheduled` catches up with its tokens, a chunk at a time. A micro-batch's grammar
+//! masks are computed on another thread while rank 0 runs its blocks (`masks`).
 
 mod handle;
+mod masks;
 mod sequence;
 #[cfg(test)]
 mod tests;
@@ -14,7 +16,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 pub use handle::{EngineConfig, EngineHandle, Input};
+pub use masks::PendingMasks;
 pub use sequence::{Progress, Sequence};
+
+use masks::MaskWorker;
 
 use crate::api::{EngineError, MetricsSnapshot};
 use crate::generate::{FinishReason, TokenLogprob};
@@ -37,10 +42,13 @@ pub struct SchedulerConfig {
 }
 
 /// A micro-batch ready for rank 0: the header every rank sees and rank 0's token ids.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct MicroBatch {
     pub forward: Forward,
     pub ids: Vec<u32>,
+    /// The grammar masks being computed for the header: rank 0 runs its blocks first, then
+    /// fills them in ([`PendingMasks::fill`]) before the header leaves.
+    pub masks: Option<PendingMasks>,
 }
 
 /// Counters kept by the scheduler.
@@ -71,6 +79,8 @@ pub struct Scheduler {
     /// Sequences whose samplers and tables the ranks can forget.
     released: Vec<u64>,
     counters: Counters,
+    /// Computes grammar masks beside the forward; `None`: before it, on this thread.
+    masks: Option<MaskWorker>,
 }
 
 impl Scheduler {
@@ -87,7 +97,15 @@ impl Scheduler {
             next_batch: 0,
             released: Vec::new(),
             counters: Counters::default(),
+            masks: MaskWorker::start(),
         }
+    }
+
+    /// Computes every grammar mask on the engine thread as the batch is built, before the
+    /// forward, instead of beside it (the same masks, later: for comparison).
+    pub fn without_mask_overlap(mut self) -> Self {
+        self.masks = None;
+        self
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
@@ -202,6 +220,7 @@ impl Scheduler {
         let decode_cap = n_decoding.div_ceil(self.cfg.max_in_flight).max(1);
         let mut budget = self.cfg.max_batch_tokens;
         let (mut seqs, mut ids) = (Vec::new(), Vec::new());
+        let mut mask_job = Vec::new();
         let mut n_decode = 0;
         // Decode steps first (one token each), then prefill chunks, oldest first.
         for pass in [true, false] {
@@ -227,7 +246,11 @@ impl Scheduler {
                 let s = &mut self.running[i];
                 let sample = end == s.tokens.len();
                 ids.extend_from_slice(&s.tokens[s.num_scheduled..end]);
-                let spec = sample.then(|| sample_spec(s, &self.stop_ids));
+                let inline_mask = self.masks.is_none();
+                let spec = sample.then(|| sample_spec(s, &self.stop_ids, inline_mask));
+                if let (Some(c), true, false) = (s.constraint(), sample, inline_mask) {
+                    mask_job.push((seqs.len(), s.id, c.clone()));
+                }
                 seqs.push(SeqChunk {
                     seq: s.id,
                     len: chunk as u32,
@@ -268,6 +291,10 @@ impl Scheduler {
                 traceparent,
             },
             ids,
+            masks: match &self.masks {
+                Some(w) if !mask_job.is_empty() => Some(w.submit(mask_job)),
+                _ => None,
+            },
         })
     }
 
@@ -334,9 +361,10 @@ impl Scheduler {
     }
 }
 
-/// How the last rank samples `s`'s next token.
-fn sample_spec(s: &mut Sequence, stop_ids: &[u32]) -> SampleSpec {
-    let allow = s.allowed();
+/// How the last rank samples `s`'s next token; its grammar mask only with `with_mask` (else
+/// the mask worker fills it in).
+fn sample_spec(s: &Sequence, stop_ids: &[u32], with_mask: bool) -> SampleSpec {
+    let allow = if with_mask { s.allowed() } else { None };
     let p = &s.req.sampling;
     let suppress = if s.req.ignore_eos || s.n_generated() < s.req.min_tokens {
         stop_ids.to_vec()

@@ -13,6 +13,8 @@ use crate::model::tokenizer::Tokenizer;
 use crate::trace::AttrValue;
 use crate::transport::message::TokenMask;
 
+use super::masks::{self, SharedConstraint};
+
 /// A request and its progress. Its tokens are the prompt followed by what was generated;
 /// `num_scheduled` of them have been sent into the pipeline (their KV is computed or being
 /// computed), as vLLM's `num_computed_tokens` catches up with `num_tokens`.
@@ -30,6 +32,8 @@ pub struct Sequence {
     pub req: GenerationRequest,
     /// The seed its sampler uses on the last rank (the request's, or one picked at arrival).
     pub seed: u64,
+    /// The request's grammar (taken out of `req`), shared with the mask worker.
+    constraint: Option<SharedConstraint>,
     decoder: StreamDecoder,
     stops: StopMatcher,
     tx: UnboundedSender<GenerationEvent>,
@@ -54,12 +58,16 @@ pub enum Progress {
 impl Sequence {
     pub fn new(
         id: u64,
-        req: GenerationRequest,
+        mut req: GenerationRequest,
         seed: u64,
         tokenizer: Arc<Tokenizer>,
         tx: UnboundedSender<GenerationEvent>,
     ) -> Self {
         let stops = StopMatcher::new(req.stop.clone());
+        let constraint = req
+            .constraint
+            .take()
+            .map(|c| Arc::new(std::sync::Mutex::new(c)));
         Self {
             id,
             tokens: req.prompt.clone(),
@@ -70,6 +78,7 @@ impl Sequence {
             table: BlockTable::new(),
             req,
             seed,
+            constraint,
             decoder: StreamDecoder::new(tokenizer),
             stops,
             tx,
@@ -95,15 +104,13 @@ impl Sequence {
     }
 
     /// The tokens the sequence's grammar allows next, if it has one.
-    pub fn allowed(&mut self) -> Option<TokenMask> {
-        let c = self.req.constraint.as_mut()?;
-        match c.mask() {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(seq = self.id, "no grammar mask: {e}");
-                None
-            }
-        }
+    pub fn allowed(&self) -> Option<TokenMask> {
+        masks::mask_of(self.id, self.constraint.as_ref()?)
+    }
+
+    /// The sequence's grammar, if it has one.
+    pub fn constraint(&self) -> Option<&SharedConstraint> {
+        self.constraint.as_ref()
     }
 
     pub fn client_gone(&self) -> bool {
@@ -134,14 +141,15 @@ impl Sequence {
         if self.tx.send(event).is_err() {
             return Progress::Aborted;
         }
-        if let Some(c) = &mut self.req.constraint {
-            if let Err(e) = c.consume(id) {
-                tracing::warn!(seq = self.id, "the grammar refused a sampled token: {e}");
-                return Progress::Finished(FinishReason::Stop);
-            }
-            if c.is_stopped() {
+        if let Some(c) = &self.constraint {
+            match masks::consume(c, id) {
+                Ok(false) => {}
                 // The grammar is complete: nothing but the end could follow.
-                return Progress::Finished(FinishReason::Stop);
+                Ok(true) => return Progress::Finished(FinishReason::Stop),
+                Err(e) => {
+                    tracing::warn!(seq = self.id, "the grammar refused a sampled token: {e}");
+                    return Progress::Finished(FinishReason::Stop);
+                }
             }
         }
         if hit {

@@ -8,7 +8,9 @@ use std::time::Duration;
 use super::{EngineConfig, EngineHandle, Scheduler, SchedulerConfig};
 use crate::api::{Engine, EngineError, GenerationEvent, GenerationRequest};
 use crate::backend::cpu::CpuBackend;
-use crate::generate::{generate, FinishReason, GenerateParams, SamplingParams};
+use crate::generate::{
+    generate, FinishReason, GenerateParams, GrammarSpec, Grammars, SamplingParams,
+};
 use crate::model::chat::ChatTemplate;
 use crate::model::tiny::{tiny_gguf, TINY};
 use crate::model::tokenizer::test_support::toy_tokenizer;
@@ -25,6 +27,16 @@ fn model() -> Llama<CpuBackend> {
 }
 
 fn engine(max_running: usize, max_batch_tokens: usize, kv_blocks: usize) -> Arc<EngineHandle> {
+    engine_with(max_running, max_batch_tokens, kv_blocks, true)
+}
+
+/// `engine`, with the grammar masks computed beside the forward (`overlap_masks`) or before it.
+fn engine_with(
+    max_running: usize,
+    max_batch_tokens: usize,
+    kv_blocks: usize,
+    overlap_masks: bool,
+) -> Arc<EngineHandle> {
     let tokenizer = Arc::new(toy_tokenizer());
     let cfg = SchedulerConfig {
         max_running,
@@ -41,14 +53,13 @@ fn engine(max_running: usize, max_batch_tokens: usize, kv_blocks: usize) -> Arc<
         context_window: TINY.ctx,
         defaults: Default::default(),
     };
-    EngineHandle::start(
-        ecfg,
-        Scheduler::new(cfg, tokenizer),
-        driver,
-        template,
-        inbox,
-    )
-    .unwrap()
+    let scheduler = Scheduler::new(cfg, tokenizer);
+    let scheduler = if overlap_masks {
+        scheduler
+    } else {
+        scheduler.without_mask_overlap()
+    };
+    EngineHandle::start(ecfg, scheduler, driver, template, inbox).unwrap()
 }
 
 fn request(salt: u32, len: usize, max_tokens: usize) -> GenerationRequest {
@@ -196,6 +207,64 @@ async fn stop_tokens_min_tokens_and_the_context_window() {
     let (ids, reason, _) = collect(e.submit(r).unwrap()).await;
     assert_eq!((ids.len(), reason), (10, FinishReason::Length));
     assert!(ids.iter().all(|t| !e.tokenizer().is_stop(*t)), "{ids:?}");
+}
+
+/// Each of `reqs`' tokens, through an engine whose grammar masks are computed beside the
+/// forward (`overlap`) or before it on the engine thread.
+async fn constrained_tokens(reqs: &[GenerationRequest], overlap: bool) -> Vec<Vec<u32>> {
+    let e = engine_with(4, 64, 64, overlap);
+    let rxs: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
+    let mut out = Vec::new();
+    for rx in rxs {
+        out.push(collect(rx).await.0);
+    }
+    wait_kv_free(&e).await;
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grammar_masks_beside_the_forward_change_no_output() {
+    let tok = Arc::new(toy_tokenizer());
+    let eos = tok.token_id("<|im_end|>").unwrap();
+    let grammars = Grammars::new(tok.clone(), eos).unwrap();
+    let schema = GrammarSpec::JsonSchema(serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "tags": {"type": "array", "items": {"enum": ["hello", "world"]}, "maxItems": 3},
+            "n": {"type": "integer", "minimum": 0, "maximum": 99}
+        },
+        "required": ["name", "tags", "n"]
+    }));
+    // Sampled (the seeds fixed), four at once, so that masks of several sequences share a batch.
+    let reqs: Vec<_> = (0..4u32)
+        .map(|i| GenerationRequest {
+            constraint: Some(grammars.compile(&schema).unwrap()),
+            sampling: SamplingParams {
+                temperature: 1.0,
+                seed: Some(u64::from(i)),
+                ..SamplingParams::default()
+            },
+            ..request(50 + i, 6 + i as usize, 48)
+        })
+        .collect();
+    let before = constrained_tokens(&reqs, false).await;
+    let beside = constrained_tokens(&reqs, true).await;
+    assert_eq!(before, beside);
+    // The grammar held: each output is a prefix of the schema's JSON, unlike the same requests'
+    // output without it.
+    for ids in &beside {
+        let text = tok.decode(ids, true).unwrap();
+        assert!(text.starts_with('{'), "{text:?}");
+    }
+    let free: Vec<_> = reqs
+        .iter()
+        .map(|r| GenerationRequest {
+            constraint: None,
+            ..r.clone()
+        })
+        .collect();
+    assert_ne!(constrained_tokens(&free, true).await, beside);
 }
 
 /// Collects every span recorded in this test process.
