@@ -1,4 +1,4 @@
-//! Quantized weights in lane order: the layout the AVX-512 lane kernel ([`super::lanes`]) reads.
+//! Quantized weights in lane order: the layout the lane kernels ([`super::lanes`]) read.
 //!
 //! The kernel computes 16 weight rows side by side, one per 32-bit lane. In the GGUF layout each
 //! row's blocks lie apart, so every block of every call had to be gathered from 16 rows and

@@ -12,7 +12,7 @@
 //!    task, tiles of `R` weight rows × `C` activation rows reuse each unpacked weight block for
 //!    several tokens (prefill and batched decode) and keep several accumulators in flight.
 //!
-//! With AVX-512 (`lanes`, with or without VNNI) and AVX2 (`avx2_lanes`), a lane kernel serves
+//! With AVX-512 (with or without VNNI) and AVX2, a lane kernel (`lanes`) serves
 //! every batch size of a matrix that carries a [`LaneMatrix`] (the CPU backend arranges one for
 //! every quantized weight at load): 16 weight rows side by side, one per lane, so one
 //! int-to-float conversion serves 16 rows.
@@ -80,6 +80,8 @@ mod avx2;
 mod avx2_lanes;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_lanes;
 mod float;
 mod huge;
 mod lane_order;
@@ -436,6 +438,8 @@ pub fn matmul_fused_with(
     // and AVX2 (a weight-repacking prefill kernel was tried and dropped: it rounded
     // differently, and was slower here).
     let use_lanes = lane_level && ws.iter().all(|w| !w.is_quantized() || w.lanes.is_some());
+    #[cfg(target_arch = "x86_64")]
+    let lane_kind = lanes::LaneKernel::for_level(level);
     let mut acts = if quantized {
         let mut a = quant::take_scratch();
         a.reset(m, cols);
@@ -477,18 +481,9 @@ pub fn matmul_fused_with(
                     // The lane kernel adds the residual as it stores (reading back its masked
                     // stores here stalled on store forwarding).
                     let packed = w.lanes.expect("lane order checked above");
+                    let kernel = lane_kind.expect("a lane level has a lane kernel");
                     let (toks, out) = (toks.clone(), outs[j]);
-                    match level {
-                        SimdLevel::Avx512Vnni => {
-                            let kind = lanes::ByteDot::Vnni;
-                            lanes::block(kind, packed, a, rows, toks, out, residual);
-                        }
-                        SimdLevel::Avx512 => {
-                            let kind = lanes::ByteDot::MaddUbs;
-                            lanes::block(kind, packed, a, rows, toks, out, residual);
-                        }
-                        _ => avx2_lanes::block(avx2_dot(), packed, a, rows, toks, out, residual),
-                    }
+                    lanes::block(kernel, packed, a, rows, toks, out, residual);
                     continue;
                 }
                 Some(a) if w.is_quantized() => {
@@ -522,17 +517,10 @@ pub fn matmul_fused_with(
     }
 }
 
-/// Whether `level` runs lane-ordered weights through a lane kernel (`lanes`, `avx2_lanes`); the
+/// Whether `level` runs lane-ordered weights through a lane kernel (`lanes`); the
 /// CPU backend arranges them when [`simd_level`] does.
 pub fn lane_kernel(level: SimdLevel) -> bool {
     level != SimdLevel::Scalar
-}
-
-/// The byte dot product the AVX2 lane kernel uses on this CPU (detected once).
-#[cfg(target_arch = "x86_64")]
-fn avx2_dot() -> avx2_lanes::DotKind {
-    static KIND: std::sync::OnceLock<avx2_lanes::DotKind> = std::sync::OnceLock::new();
-    *KIND.get_or_init(avx2_lanes::DotKind::detect)
 }
 
 /// Most tokens per task on the lanes kernel.

@@ -65,10 +65,10 @@ pub(super) fn dequantize_row(dtype: GgmlType, src: &[u8], dst: &mut [f32]) {
 }
 
 /// Dot product of one stored quantized row with one quantized activation row, in the lane
-/// kernels' arithmetic (`lanes`, `avx2_lanes`), so that every level gives the same bits: per block
-/// the exact integer dot product (Q8_0's over the unsigned bytes `q + 128` those kernels read),
-/// converted, scaled by `d_w * d_x` and added with an FMA, and the offset terms (Q4_1's `m * s`,
-/// Q8_0's `-128 * d * s`) in a sum of their own, added last.
+/// kernels' arithmetic (`avx512_lanes`, `avx2_lanes`), so that every level gives the same bits:
+/// per block the exact integer dot product (Q8_0's over the unsigned bytes `q + 128` those
+/// kernels read), converted, scaled by `d_w * d_x` and added with an FMA, and the offset terms
+/// (Q4_1's `m * s`, Q8_0's `-128 * d * s`) in a sum of their own, added last.
 fn dot_row(dtype: GgmlType, w: &[u8], xq: &[i8], xds: &[f32]) -> f32 {
     let (mut acc, mut macc) = (0f32, 0f32);
     match dtype {
