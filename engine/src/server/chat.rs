@@ -43,9 +43,10 @@ pub(crate) async fn handle(state: &State, call: Call) -> Result<Response<Body>, 
     }
     let (meta, done) = sub.collect().await?;
     let reason = done.reason;
-    let parsed = use_tools.then(|| tools::parse_output(&done.text));
+    let cut_off = reason == FinishReason::Length;
+    let parsed = use_tools.then(|| tools::parse_output(&done.text, cut_off));
     let (content, tool_calls) = match parsed {
-        Some(mut p) if !p.calls.is_empty() => {
+        Some(mut p) if !p.calls.is_empty() || p.cut_call => {
             if !req.parallel_tool_calls {
                 p.calls.truncate(1);
             }
@@ -152,7 +153,7 @@ impl ChunkFormatter for ChatStream {
     fn finish(&mut self, done: Finish, out: &mut Vec<String>) {
         self.pending.extend(done.logprobs.iter().cloned());
         let (rest, mut calls) = match self.splitter.take() {
-            Some(s) => s.finish(&done.text),
+            Some(s) => s.finish(&done.text, done.reason == FinishReason::Length),
             None => (done.text.clone(), Vec::new()),
         };
         if !self.parallel {
@@ -189,6 +190,7 @@ mod tests {
     fn a_cut_off_answer_is_length_even_with_calls() {
         let calls = tools::parse_output(
             "<tool_call>\n{\"name\":\"f\",\"arguments\":{}}\n</tool_call>\n<tool_call>\n{\"na",
+            true,
         )
         .calls;
         assert_eq!(calls.len(), 1);

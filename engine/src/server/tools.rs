@@ -112,6 +112,9 @@ pub(crate) struct Parsed {
     /// The text outside the tags, trimmed; `None` when empty.
     pub content: Option<String>,
     pub calls: Vec<ToolCall>,
+    /// A call that `max_tokens` cut off was taken out of the text (as a call with the
+    /// arguments written so far where its name was complete, else dropped).
+    pub cut_call: bool,
 }
 
 /// `{"name": "...", "arguments": {...}}` as an OpenAI tool call.
@@ -123,31 +126,64 @@ fn parse_call(inner: &str) -> Option<ToolCall> {
         Some(Value::String(s)) => s.clone(),
         Some(other) => other.to_string(),
     };
-    Some(ToolCall {
+    Some(call(name, arguments))
+}
+
+fn call(name: String, arguments: String) -> ToolCall {
+    ToolCall {
         id: new_id("call_"),
         kind: "function",
         function: FunctionCall { name, arguments },
-    })
+    }
+}
+
+/// The start of a call cut off before its end, as the grammar writes it
+/// (`{"name": "...", "arguments": ...`): its name, once complete, and the arguments' text so
+/// far (possibly empty), as OpenAI reports a call that `max_tokens` cut off.
+fn partial_call(inner: &str) -> Option<ToolCall> {
+    let field = |s: &str, key: &str| {
+        let s = s.trim_start().strip_prefix(key)?.trim_start();
+        Some(s.strip_prefix(':')?.trim_start().to_owned())
+    };
+    let s = inner.trim_start().strip_prefix('{')?;
+    let s = field(s, "\"name\"")?;
+    let mut names = serde_json::Deserializer::from_str(&s).into_iter::<String>();
+    let name = names.next()?.ok()?;
+    let rest = s[names.byte_offset()..].trim_start();
+    let arguments = rest
+        .strip_prefix(',')
+        .and_then(|r| field(r, "\"arguments\""))
+        .unwrap_or_default();
+    Some(call(name, arguments))
 }
 
 /// Finds each `<tool_call>{json}</tool_call>` (the last one may be unterminated). A call whose
-/// JSON does not parse stays in the content, tags and all.
-pub(crate) fn parse_output(text: &str) -> Parsed {
+/// JSON does not parse stays in the content, tags and all, except an unterminated last call
+/// when `max_tokens` cut the output off (`cut_off`): that one never stays in the content, and
+/// becomes a call with the arguments written so far once its name is complete (OpenAI's
+/// shape for a cut-off call, with `finish_reason: "length"`).
+pub(crate) fn parse_output(text: &str, cut_off: bool) -> Parsed {
     let mut content = String::new();
     let mut calls = Vec::new();
+    let mut cut_call = false;
     let mut rest = text;
     while let Some(start) = rest.find(CALL_OPEN) {
         content.push_str(&rest[..start]);
         let after = &rest[start + CALL_OPEN.len()..];
-        let (inner, consumed) = match after.find(CALL_CLOSE) {
+        let (inner, consumed, closed) = match after.find(CALL_CLOSE) {
             Some(end) => (
                 &after[..end],
                 start + CALL_OPEN.len() + end + CALL_CLOSE.len(),
+                true,
             ),
-            None => (after, rest.len()),
+            None => (after, rest.len(), false),
         };
         match parse_call(inner) {
             Some(call) => calls.push(call),
+            None if cut_off && !closed => {
+                cut_call = true;
+                calls.extend(partial_call(inner));
+            }
             None => content.push_str(&rest[start..consumed]),
         }
         rest = &rest[consumed..];
@@ -157,6 +193,7 @@ pub(crate) fn parse_output(text: &str) -> Parsed {
     Parsed {
         content: (!content.is_empty()).then(|| content.to_owned()),
         calls,
+        cut_call,
     }
 }
 
@@ -190,15 +227,16 @@ impl StreamSplitter {
         std::mem::replace(&mut self.held, tail)
     }
 
-    /// The end: the content still to send and the tool calls.
-    pub fn finish(mut self, last: &str) -> (String, Vec<ToolCall>) {
+    /// The end: the content still to send and the tool calls; `cut_off`: `max_tokens` ended
+    /// the output (see [`parse_output`]).
+    pub fn finish(mut self, last: &str, cut_off: bool) -> (String, Vec<ToolCall>) {
         let mut content = self.push(last);
         if !self.in_call {
             content.push_str(&self.held);
             return (content, Vec::new());
         }
-        let parsed = parse_output(&self.held);
-        if parsed.calls.is_empty() {
+        let parsed = parse_output(&self.held, cut_off);
+        if parsed.calls.is_empty() && !parsed.cut_call {
             content.push_str(&self.held);
         } else if let Some(rest) = parsed.content {
             content.push_str(&rest);
@@ -216,6 +254,7 @@ mod tests {
         let p = parse_output(
             "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n\
              <tool_call>{\"name\":\"now\"}</tool_call>",
+            false,
         );
         assert_eq!(p.content.as_deref(), Some("Sure."));
         assert_eq!(p.calls.len(), 2);
@@ -225,7 +264,7 @@ mod tests {
         assert_ne!(p.calls[0].id, p.calls[1].id);
         assert_eq!(p.calls[1].function.arguments, "{}");
 
-        let p = parse_output("<tool_call>{not json}</tool_call> ok");
+        let p = parse_output("<tool_call>{not json}</tool_call> ok", true);
         assert!(p.calls.is_empty());
         assert_eq!(
             p.content.as_deref(),
@@ -233,9 +272,54 @@ mod tests {
         );
 
         // Unterminated at the end (generation stopped before the closing tag).
-        let p = parse_output("<tool_call>{\"name\":\"f\",\"arguments\":{\"a\":1}}");
+        let p = parse_output("<tool_call>{\"name\":\"f\",\"arguments\":{\"a\":1}}", false);
         assert_eq!(p.content, None);
         assert_eq!(p.calls[0].function.arguments, r#"{"a":1}"#);
+    }
+
+    #[test]
+    fn a_call_cut_off_by_max_tokens_is_a_call_with_its_arguments_so_far_not_content() {
+        let cut =
+            "Looking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Os";
+        let p = parse_output(cut, true);
+        assert_eq!(p.content.as_deref(), Some("Looking."));
+        assert!(p.cut_call);
+        assert_eq!(p.calls.len(), 1);
+        assert_eq!(p.calls[0].function.name, "get_weather");
+        assert_eq!(p.calls[0].function.arguments, r#"{"city": "Os"#);
+        // Cut right after the name: a call with no arguments yet.
+        let p = parse_output("<tool_call>{\"name\":\"now\"", true);
+        assert_eq!(
+            (
+                p.calls[0].function.name.as_str(),
+                p.calls[0].function.arguments.as_str()
+            ),
+            ("now", "")
+        );
+        // Cut inside the name: no call, and no tags in the content either.
+        let p = parse_output("Hm <tool_call>\n{\"name\": \"get_wea", true);
+        assert_eq!(
+            (p.content.as_deref(), p.calls.len(), p.cut_call),
+            (Some("Hm"), 0, true)
+        );
+        // A complete call before it is kept as it is.
+        let p = parse_output("<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call><tool_call>{\"name\":\"g\",\"arguments\":{\"x\":[1", true);
+        let got: Vec<_> = p
+            .calls
+            .iter()
+            .map(|c| (c.function.name.as_str(), c.function.arguments.as_str()))
+            .collect();
+        assert_eq!(got, [("f", "{}"), ("g", r#"{"x":[1"#)]);
+        // Not cut off (the model ended its turn inside a call): the text stays the content.
+        let p = parse_output(cut, false);
+        assert_eq!((p.content.as_deref(), p.calls.len()), (Some(cut), 0));
+        // Streamed the same way.
+        let mut s = StreamSplitter::default();
+        assert_eq!(s.push("Looking.\n"), "Looking.\n");
+        assert_eq!(s.push(&cut["Looking.\n".len()..]), "");
+        let (rest, calls) = s.finish("", true);
+        assert_eq!((rest.as_str(), calls.len()), ("", 1));
+        assert_eq!(calls[0].function.arguments, r#"{"city": "Os"#);
     }
 
     #[test]
@@ -245,14 +329,14 @@ mod tests {
         assert_eq!(s.push("ol"), "");
         assert_eq!(s.push("_call>{\"name\":\"f\"}</tool"), "");
         assert_eq!(s.push("_call> more"), "");
-        let (rest, calls) = s.finish("");
+        let (rest, calls) = s.finish("", false);
         assert_eq!(rest, "more");
         assert_eq!(calls.len(), 1);
 
         let mut s = StreamSplitter::default();
         assert_eq!(s.push("a <b"), "a <b");
         assert_eq!(s.push(" <"), " ");
-        let (rest, calls) = s.finish("x");
+        let (rest, calls) = s.finish("x", false);
         assert_eq!((rest.as_str(), calls.len()), ("<x", 0));
     }
 }

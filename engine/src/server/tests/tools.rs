@@ -29,6 +29,20 @@ fn assert_weather_call(call: &Value) {
     assert_eq!(args, json!({"city": "Paris"}));
 }
 
+/// A stream's choices (after checking it ends with `[DONE]`) and its content, joined.
+fn streamed(events: &[String]) -> (Vec<Value>, String) {
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let choices: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0].clone())
+        .collect();
+    let content = choices
+        .iter()
+        .filter_map(|c| c["delta"]["content"].as_str())
+        .collect();
+    (choices, content)
+}
+
 #[tokio::test]
 async fn tools_are_rendered_into_the_system_prompt_and_calls_parsed() {
     let s = TestServer::start(vec![Script::Reply(vec![CALL], FinishReason::Stop)]).await;
@@ -71,15 +85,7 @@ async fn streamed_tool_calls_are_held_back_and_sent_at_the_end() {
     let s = TestServer::start(vec![Script::Reply(pieces, FinishReason::Stop)]).await;
     let r = s.post("/v1/chat/completions", &weather_request(true)).await;
     let events = r.events();
-    assert_eq!(events.last().unwrap(), "[DONE]");
-    let choices: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0].clone())
-        .collect();
-    let content: String = choices
-        .iter()
-        .filter_map(|c| c["delta"]["content"].as_str())
-        .collect();
+    let (choices, content) = streamed(&events);
     assert_eq!(content, "Let me check. ");
     let calls: Vec<&Value> = choices
         .iter()
@@ -90,6 +96,45 @@ async fn streamed_tool_calls_are_held_back_and_sent_at_the_end() {
     assert_eq!(call["index"], 0);
     assert_weather_call(call);
     assert_eq!(choices.last().unwrap()["finish_reason"], "tool_calls");
+}
+
+#[tokio::test]
+async fn a_call_cut_off_by_max_tokens_is_reported_as_openai_does_streamed_or_not() {
+    let cut = vec![
+        "Checking.",
+        " <tool_call>\n{\"name\": \"get_weather\", ",
+        "\"arguments\": {\"city\": \"Par",
+    ];
+    let s = TestServer::start(vec![
+        Script::Reply(cut.clone(), FinishReason::Length),
+        Script::Reply(cut, FinishReason::Length),
+    ])
+    .await;
+    let v = s
+        .post("/v1/chat/completions", &weather_request(false))
+        .await
+        .json();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(choice["message"]["content"], "Checking.");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(calls[0]["function"]["arguments"], r#"{"city": "Par"#);
+
+    let events = s
+        .post("/v1/chat/completions", &weather_request(true))
+        .await
+        .events();
+    let (choices, content) = streamed(&events);
+    assert_eq!(content, "Checking. ");
+    let call = choices
+        .iter()
+        .find_map(|c| c["delta"].get("tool_calls"))
+        .expect("the cut-off call is sent");
+    assert_eq!(call[0]["function"]["name"], "get_weather");
+    assert_eq!(call[0]["function"]["arguments"], r#"{"city": "Par"#);
+    assert_eq!(choices.last().unwrap()["finish_reason"], "length");
 }
 
 #[tokio::test]
