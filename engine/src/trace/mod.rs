@@ -6,4 +6,4 @@ pub mod otlp;
 mod span;
 
 pub use context::{new_id, to_hex, TraceContext};
-pub use span::{record, set_sink, AttrValue, SpanKind, SpanRecord, SpanSink};
+pub use span::{has_sink, record, set_sink, AttrValue, SpanKind, SpanRecord, SpanSink};

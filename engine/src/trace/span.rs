@@ -99,6 +99,11 @@ pub fn set_sink(sink: Arc<dyn SpanSink>) -> bool {
     SINK.set(sink).is_ok()
 }
 
+/// Whether a sink is installed (a caller may skip building spans no one takes).
+pub fn has_sink() -> bool {
+    SINK.get().is_some()
+}
+
 /// Hands a finished span to the sink.
 pub fn record(span: SpanRecord) {
     match SINK.get() {

@@ -11,20 +11,26 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use crate::body::{BoxError, GatewayBody};
+use crate::body::BoxError;
 use crate::error::GatewayError;
 
-/// A body that fails after `idle` without a frame.
-#[derive(Debug)]
-pub struct IdleBody {
-    inner: GatewayBody,
-    idle: Duration,
-    sleep: Pin<Box<Sleep>>,
-    /// The response is a server-sent-event stream.
-    sse: bool,
-    state: State,
+pin_project! {
+    /// A body that fails after `idle` without a frame (the upstream's body and the clock are
+    /// held in place, not boxed).
+    #[derive(Debug)]
+    pub struct IdleBody<B> {
+        #[pin]
+        inner: B,
+        idle: Duration,
+        #[pin]
+        sleep: Sleep,
+        // The response is a server-sent-event stream.
+        sse: bool,
+        state: State,
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -35,69 +41,71 @@ enum State {
     Done,
 }
 
-impl IdleBody {
-    pub fn new(inner: GatewayBody, idle: Duration, sse: bool) -> Self {
+impl<B> IdleBody<B> {
+    pub fn new(inner: B, idle: Duration, sse: bool) -> Self {
         Self {
             inner,
             idle,
-            sleep: Box::pin(tokio::time::sleep(idle)),
+            sleep: tokio::time::sleep(idle),
             sse,
             state: State::Streaming,
         }
     }
-
-    fn error(&self) -> GatewayError {
-        GatewayError::UpstreamTimeout(self.idle)
-    }
-
-    /// The error event that ends a stream; `[DONE]` follows.
-    fn event(&mut self, err: &GatewayError) -> Frame<Bytes> {
-        self.state = State::EventSent;
-        Frame::data(Bytes::from(format!("data: {}\n\n", err.to_json())))
-    }
 }
 
-impl Body for IdleBody {
+/// The error event that ends a stream; `[DONE]` follows.
+fn event(state: &mut State, err: &GatewayError) -> Frame<Bytes> {
+    *state = State::EventSent;
+    Frame::data(Bytes::from(format!("data: {}\n\n", err.to_json())))
+}
+
+impl<B> Body for IdleBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     type Data = Bytes;
     type Error = BoxError;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.state {
+        let mut this = self.project();
+        match this.state {
             State::Done => return Poll::Ready(None),
             State::EventSent => {
-                self.state = State::Done;
+                *this.state = State::Done;
                 return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
                     b"data: [DONE]\n\n",
                 )))));
             }
             State::Streaming => {}
         }
-        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
-            let deadline = Instant::now() + self.idle;
-            self.sleep.as_mut().reset(deadline);
+        if let Poll::Ready(frame) = this.inner.poll_frame(cx) {
+            let frame = frame.map(|r| r.map_err(Into::into));
+            let deadline = Instant::now() + *this.idle;
+            this.sleep.as_mut().reset(deadline);
             match &frame {
                 // A stream that broke off (the engine died, the connection was cut) ends
                 // with an error event too, never with a bare cut.
-                Some(Err(e)) if self.sse => {
+                Some(Err(e)) if *this.sse => {
                     let err = GatewayError::Upstream(format!("the stream broke off: {e}"));
-                    return Poll::Ready(Some(Ok(self.event(&err))));
+                    return Poll::Ready(Some(Ok(event(this.state, &err))));
                 }
-                None => self.state = State::Done,
+                None => *this.state = State::Done,
                 Some(_) => {}
             }
             return Poll::Ready(frame);
         }
-        if self.sleep.as_mut().poll(cx).is_pending() {
+        if this.sleep.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
-        let err = self.error();
-        if self.sse {
-            return Poll::Ready(Some(Ok(self.event(&err))));
+        let err = GatewayError::UpstreamTimeout(*this.idle);
+        if *this.sse {
+            return Poll::Ready(Some(Ok(event(this.state, &err))));
         }
-        self.state = State::Done;
+        *this.state = State::Done;
         Poll::Ready(Some(Err(Box::new(err))))
     }
 
@@ -115,6 +123,7 @@ mod tests {
     use http_body_util::BodyExt;
 
     use super::*;
+    use crate::body::GatewayBody;
 
     fn stalled() -> (
         http_body_util::channel::Sender<Bytes, BoxError>,
@@ -127,7 +136,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_stalled_stream_ends_with_an_error_event_and_done() {
         let (mut tx, inner) = stalled();
-        let mut body = IdleBody::new(inner, Duration::from_secs(300), true);
+        let mut body = std::pin::pin!(IdleBody::new(inner, Duration::from_secs(300), true));
         tx.send_data(Bytes::from_static(b"data: {}\n\n"))
             .await
             .expect("send");
@@ -148,7 +157,7 @@ mod tests {
     #[tokio::test]
     async fn a_stream_broken_off_ends_with_an_error_event_and_done() {
         let (mut tx, inner) = stalled();
-        let mut body = IdleBody::new(inner, Duration::from_secs(300), true);
+        let mut body = std::pin::pin!(IdleBody::new(inner, Duration::from_secs(300), true));
         tx.send_data(Bytes::from_static(b"data: {}\n\n"))
             .await
             .expect("send");
@@ -171,7 +180,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn frames_reset_the_clock_and_a_plain_body_just_fails() {
         let (mut tx, inner) = stalled();
-        let mut body = IdleBody::new(inner, Duration::from_secs(10), false);
+        let mut body = std::pin::pin!(IdleBody::new(inner, Duration::from_secs(10), false));
         for _ in 0..5 {
             tokio::time::advance(Duration::from_secs(9)).await;
             tx.send_data(Bytes::from_static(b"x")).await.expect("send");

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName};
+use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::capture_connection;
@@ -15,13 +16,14 @@ use super::client::{http_client, HttpClient};
 use super::connection::closed_before_answering;
 use super::idle::IdleBody;
 use super::upstream::{Target, Upstream};
-use crate::body::{BoxError, GatewayBody};
+use crate::body::GatewayBody;
 use crate::error::GatewayError;
 use crate::middleware::auth::PRIORITY_HEADER;
 use crate::middleware::count::{PromptTokens, PROMPT_TOKENS_HEADER};
 use crate::middleware::parse::Json;
 use crate::middleware::request_id::{RequestId, REQUEST_ID_HEADER};
 use crate::policy::PolicyStore;
+use crate::telemetry::spans::traceparent;
 use crate::telemetry::{RequestRecord, RequestTrace, UpstreamTrace};
 use crate::BoxFuture;
 
@@ -84,8 +86,8 @@ impl Service<Request<Json>> for Forward {
         Box::pin(async move {
             let client = client
                 .ok_or_else(|| GatewayError::Internal("no TLS client for upstreams".into()))?;
-            let body = serde_json::to_vec(&json.value)
-                .map(Bytes::from)
+            let body = json
+                .encode()
                 .map_err(|e| GatewayError::Internal(format!("re-encoding the body: {e}")))?;
             let outgoing = Outgoing {
                 parts: &parts,
@@ -149,21 +151,20 @@ impl Service<Request<Json>> for Forward {
                 }
             };
             let (mut rparts, incoming) = resp.into_parts();
-            let mut headers = HeaderMap::new();
-            copy_headers(&rparts.headers, &mut headers, &[]);
-            if let Some(p) = parts.extensions.get::<PromptTokens>() {
-                headers.insert(PROMPT_TOKENS_HEADER, HeaderValue::from(p.0));
+            for name in HOP_BY_HOP {
+                rparts.headers.remove(name);
             }
-            rparts.headers = headers;
+            if let Some(p) = parts.extensions.get::<PromptTokens>() {
+                rparts
+                    .headers
+                    .insert(PROMPT_TOKENS_HEADER, HeaderValue::from(p.0));
+            }
             let sse = rparts
                 .headers
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.starts_with("text/event-stream"));
-            let body = incoming
-                .map_err(|e| -> BoxError { Box::new(e) })
-                .boxed_unsync();
-            let body = lease.hold(IdleBody::new(body, idle, sse).boxed_unsync());
+            let body = lease.hold(IdleBody::new(incoming, idle, sse).boxed_unsync());
             Ok(Response::from_parts(rparts, body))
         })
     }
@@ -179,25 +180,19 @@ struct Outgoing<'a> {
 impl Outgoing<'_> {
     fn to(&self, target: &Target) -> Result<Request<Full<Bytes>>, GatewayError> {
         let parts = self.parts;
-        let path = parts
-            .uri
-            .path_and_query()
-            .map_or(parts.uri.path(), |p| p.as_str());
-        let mut out = Request::builder()
-            .method(Method::POST)
-            .uri(target.uri(path)?)
-            .body(Full::new(self.body.clone()))
-            .map_err(|e| GatewayError::Internal(e.to_string()))?;
-        copy_headers(&parts.headers, out.headers_mut(), REQUEST_ONLY);
+        let root = PathAndQuery::from_static("/");
+        let mut out = Request::new(Full::new(self.body.clone()));
+        *out.method_mut() = Method::POST;
+        *out.uri_mut() = target.uri(parts.uri.path_and_query().unwrap_or(&root))?;
         let h = out.headers_mut();
+        h.reserve(parts.headers.len() + 3);
+        copy_headers(&parts.headers, h, REQUEST_ONLY);
         h.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
         if let Some(id) = parts.extensions.get::<RequestId>() {
-            if let Ok(v) = HeaderValue::from_str(&id.0) {
-                h.insert(REQUEST_ID_HEADER, v);
-            }
+            h.insert(REQUEST_ID_HEADER, id.header());
         }
         // The engine's spans go under `gateway.upstream` (or the request's own span when
         // nothing admitted it, as in tests of this layer alone).
@@ -206,8 +201,8 @@ impl Outgoing<'_> {
             .get::<UpstreamTrace>()
             .map(|u| u.0)
             .or_else(|| parts.extensions.get::<RequestTrace>().map(|t| t.span));
-        if let Some(Ok(v)) = trace.map(|t| HeaderValue::from_str(&t.to_string())) {
-            h.insert("traceparent", v);
+        if let Some(t) = trace {
+            h.insert("traceparent", traceparent(&t));
         }
         if let Some(Ok(v)) = self
             .api_key

@@ -68,10 +68,10 @@ async fn requests_go_out_whole_and_responses_stream_back_chunk_by_chunk() {
     let mut req = Request::post("/v1/chat/completions?x=1")
         .header("authorization", "Bearer secret")
         .header("x-custom", "kept")
-        .body(Json {
-            endpoint: Endpoint::ChatCompletions,
-            value: json!({"messages": [{"role": "user", "content": "hi"}], "ignore_eos": true, "max_tokens": 8}),
-        })
+        .body(Json::new(
+            Endpoint::ChatCompletions,
+            json!({"messages": [{"role": "user", "content": "hi"}], "ignore_eos": true, "max_tokens": 8}),
+        ))
         .expect("request");
     let trace = RequestTrace::from_header(None);
     req.extensions_mut().insert(trace);
@@ -126,10 +126,7 @@ async fn an_unreachable_upstream_is_engine_unavailable() {
     drop(listener);
     let up = Arc::new(StaticUpstream::new(&format!("http://{addr}")).expect("url"));
     let req = Request::post("/v1/completions")
-        .body(Json {
-            endpoint: Endpoint::Completions,
-            value: json!({"prompt": "hi"}),
-        })
+        .body(Json::new(Endpoint::Completions, json!({"prompt": "hi"})))
         .expect("request");
     let e = Forward::new(
         up,
@@ -207,10 +204,10 @@ async fn hanging_up(hang_up_on_reuse: bool) -> (std::net::SocketAddr, Arc<Atomic
 
 async fn post(forward: &Forward) -> Result<Response<crate::body::GatewayBody>, GatewayError> {
     let req = Request::post("/v1/chat/completions")
-        .body(Json {
-            endpoint: Endpoint::ChatCompletions,
-            value: json!({"messages": [{"role": "user", "content": "hi"}]}),
-        })
+        .body(Json::new(
+            Endpoint::ChatCompletions,
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        ))
         .expect("request");
     forward.clone().oneshot(req).await
 }
@@ -243,4 +240,28 @@ async fn a_request_lost_on_its_own_new_connection_is_never_sent_again() {
     let e = post(&forward_to(addr)).await.expect_err("no answer");
     assert_eq!(e.class().status, StatusCode::BAD_GATEWAY, "{e:?}");
     assert_eq!(read.load(Ordering::SeqCst), 1, "sent exactly once");
+}
+
+#[test]
+fn upstream_uris_keep_the_path_and_query_under_the_base_path() {
+    let pq = http::uri::PathAndQuery::from_static("/v1/completions?x=1");
+    for (base, want) in [
+        (
+            "http://127.0.0.1:8000",
+            "http://127.0.0.1:8000/v1/completions?x=1",
+        ),
+        (
+            "http://127.0.0.1:8000/",
+            "http://127.0.0.1:8000/v1/completions?x=1",
+        ),
+        (
+            "https://h.example/vllm/",
+            "https://h.example/vllm/v1/completions?x=1",
+        ),
+    ] {
+        let target = Target {
+            base: base.parse().expect("base"),
+        };
+        assert_eq!(target.uri(&pq).expect("uri").to_string(), want, "{base}");
+    }
 }

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use http::uri::{self, PathAndQuery};
 use http::Uri;
 
 use tokio::sync::watch;
@@ -17,12 +18,22 @@ pub struct Target {
 }
 
 impl Target {
-    /// The upstream URI of `path_and_query`.
-    pub fn uri(&self, path_and_query: &str) -> Result<Uri, GatewayError> {
-        let base = self.base.to_string();
-        format!("{}{}", base.trim_end_matches('/'), path_and_query)
-            .parse()
-            .map_err(|e| GatewayError::Internal(format!("bad upstream URI: {e}")))
+    /// The upstream URI of `path_and_query`, under the base's own path if it has one.
+    pub fn uri(&self, path_and_query: &PathAndQuery) -> Result<Uri, GatewayError> {
+        let bad =
+            |e: &dyn std::fmt::Display| GatewayError::Internal(format!("bad upstream URI: {e}"));
+        let prefix = self.base.path().trim_end_matches('/');
+        let mut parts = uri::Parts::default();
+        parts.scheme = self.base.scheme().cloned();
+        parts.authority = self.base.authority().cloned();
+        parts.path_and_query = Some(if prefix.is_empty() {
+            path_and_query.clone()
+        } else {
+            format!("{prefix}{path_and_query}")
+                .parse()
+                .map_err(|e| bad(&e))?
+        });
+        Uri::from_parts(parts).map_err(|e| bad(&e))
     }
 }
 

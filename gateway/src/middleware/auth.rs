@@ -4,7 +4,7 @@
 //! Adds the [`Caller`] extension: the tenant and its priority class, lowered (never raised)
 //! by an `x-sluice-priority: batch` header.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use http::{header, Request};
 use sha2::{Digest, Sha256};
@@ -12,7 +12,8 @@ use subtle::ConstantTimeEq;
 
 use super::check::Check;
 use crate::error::GatewayError;
-use crate::policy::{Class, PolicyStore, Tenant};
+use crate::policy::{Class, LoadedPolicy, PolicyStore, Tenant};
+use crate::telemetry::spans::hex_into;
 use crate::telemetry::RequestRecord;
 
 /// The header a caller may use to lower its priority.
@@ -37,24 +38,59 @@ impl Caller {
 #[derive(Clone, Debug)]
 pub struct Auth {
     policy: Arc<PolicyStore>,
+    /// The tenants of the policy last seen, each shared by its callers' requests (built
+    /// again when a reload brings another policy, never per request).
+    tenants: Arc<Mutex<Option<Shared>>>,
+}
+
+/// A policy and its tenants, shared.
+#[derive(Debug)]
+struct Shared {
+    policy: Arc<LoadedPolicy>,
+    tenants: Arc<[Arc<Tenant>]>,
 }
 
 impl Auth {
     pub fn new(policy: Arc<PolicyStore>) -> Self {
-        Self { policy }
+        Self {
+            policy,
+            tenants: Arc::default(),
+        }
+    }
+
+    /// `policy`'s tenants, shared.
+    fn tenants(&self, policy: &Arc<LoadedPolicy>) -> Arc<[Arc<Tenant>]> {
+        let mut seen = self.tenants.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*seen {
+            Some(s) if Arc::ptr_eq(&s.policy, policy) => s.tenants.clone(),
+            _ => {
+                let tenants: Arc<[Arc<Tenant>]> = policy
+                    .policy
+                    .tenants
+                    .iter()
+                    .cloned()
+                    .map(Arc::new)
+                    .collect();
+                *seen = Some(Shared {
+                    policy: policy.clone(),
+                    tenants: tenants.clone(),
+                });
+                tenants
+            }
+        }
     }
 }
 
 impl<B> Check<B> for Auth {
     fn check(&self, req: &mut Request<B>) -> Result<(), GatewayError> {
         let policy = self.policy.current();
-        let tenants = &policy.policy.tenants;
-        let tenant = if tenants.is_empty() {
+        let tenant = if policy.policy.tenants.is_empty() {
             None
         } else {
             let key = presented_key(req).ok_or(GatewayError::MissingApiKey)?;
-            let found = find_tenant(tenants, key).ok_or(GatewayError::InvalidApiKey)?;
-            Some(Arc::new(found.clone()))
+            let tenants = self.tenants(&policy);
+            let found = find_tenant(&tenants, key).ok_or(GatewayError::InvalidApiKey)?;
+            Some(found.clone())
         };
         let own = tenant.as_ref().map_or(Class::Interactive, |t| t.class);
         let asked = req
@@ -87,11 +123,11 @@ pub fn presented_key<B>(req: &Request<B>) -> Option<&str> {
 
 /// The tenant whose key hashes to `key`'s SHA-256. Every tenant is compared, each in constant
 /// time, so the time taken says nothing about which (or how much of a) hash matched.
-pub fn find_tenant<'a>(tenants: &'a [Tenant], key: &str) -> Option<&'a Tenant> {
-    let digest = hex(&Sha256::digest(key.as_bytes()));
+pub fn find_tenant<'a, T: AsRef<Tenant>>(tenants: &'a [T], key: &str) -> Option<&'a T> {
+    let digest = digest_hex(key);
     let mut found = None;
     for t in tenants {
-        if same_hash(&t.api_key_sha256, &digest) && found.is_none() {
+        if same_hash(&t.as_ref().api_key_sha256, &digest) && found.is_none() {
             found = Some(t);
         }
     }
@@ -100,19 +136,32 @@ pub fn find_tenant<'a>(tenants: &'a [Tenant], key: &str) -> Option<&'a Tenant> {
 
 /// Whether `key` hashes to `sha256_hex`, compared in constant time.
 pub fn key_matches(sha256_hex: &str, key: &str) -> bool {
-    same_hash(sha256_hex, &hex(&Sha256::digest(key.as_bytes())))
+    same_hash(sha256_hex, &digest_hex(key))
 }
 
-fn same_hash(expected_hex: &str, digest_hex: &str) -> bool {
-    expected_hex
-        .to_ascii_lowercase()
-        .as_bytes()
-        .ct_eq(digest_hex.as_bytes())
+/// `key`'s SHA-256 in lowercase hex.
+fn digest_hex(key: &str) -> [u8; 64] {
+    let mut out = [0u8; 64];
+    hex_into(&Sha256::digest(key.as_bytes()), &mut out);
+    out
+}
+
+/// Whether `expected_hex` (either case) is `digest_hex`, compared in constant time.
+fn same_hash(expected_hex: &str, digest_hex: &[u8; 64]) -> bool {
+    let Ok(expected) = <[u8; 64]>::try_from(expected_hex.as_bytes()) else {
+        return false;
+    };
+    expected
+        .map(|b| b.to_ascii_lowercase())
+        .ct_eq(digest_hex)
         .into()
 }
 
+#[cfg(test)]
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    let mut out = vec![0u8; bytes.len() * 2];
+    hex_into(bytes, &mut out);
+    String::from_utf8(out).expect("hex digits")
 }
 
 #[cfg(test)]

@@ -104,8 +104,15 @@ pub fn apply(limits: &Limits, prompt: usize, body: &mut Value) -> Result<usize, 
             },
         });
     }
+    // Written only when it changes (most requests name a value within the limits).
     if let Value::Object(o) = body {
-        o.insert(key.to_owned(), Value::from(max));
+        match o.get_mut(key) {
+            Some(v) if v.as_u64() == Some(max as u64) => {}
+            Some(v) => *v = Value::from(max),
+            None => {
+                o.insert(key.to_owned(), Value::from(max));
+            }
+        }
     }
     Ok(max)
 }

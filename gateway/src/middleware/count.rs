@@ -161,8 +161,12 @@ where
 
 /// Counts `json`'s prompt, on the blocking pool when the body is large.
 async fn count(counter: Arc<dyn TokenCounter>, json: Json) -> Result<(usize, Json), GatewayError> {
-    // A cheap upper bound on the body's size: the serialized length of its strings.
-    if approx_len(&json.value) <= INLINE_BYTES {
+    // The size it came in, else a cheap estimate: the serialized length of its strings.
+    let size = match json.received {
+        0 => approx_len(&json.value),
+        n => n,
+    };
+    if size <= INLINE_BYTES {
         let n = counter.count(json.endpoint, &json.value)?;
         return Ok((n, json));
     }

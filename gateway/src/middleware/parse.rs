@@ -20,6 +20,26 @@ use crate::BoxFuture;
 pub struct Json {
     pub endpoint: Endpoint,
     pub value: serde_json::Value,
+    /// The body's size as it came in (0 when unknown): the buffer size for [`Json::encode`].
+    pub received: usize,
+}
+
+impl Json {
+    /// A body of unknown size.
+    pub fn new(endpoint: Endpoint, value: serde_json::Value) -> Self {
+        Self {
+            endpoint,
+            value,
+            received: 0,
+        }
+    }
+
+    /// `value` as JSON, written into one buffer of about the size it came in.
+    pub fn encode(&self) -> Result<bytes::Bytes, serde_json::Error> {
+        let mut out = Vec::with_capacity(self.received + 64);
+        serde_json::to_writer(&mut out, &self.value)?;
+        Ok(out.into())
+    }
 }
 
 /// The layer.
@@ -82,7 +102,12 @@ where
             let bytes = read_body(body, limit).await?;
             let value = serde_json::from_slice(&bytes)
                 .map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
-            let req = Request::from_parts(parts, Json { endpoint, value });
+            let json = Json {
+                endpoint,
+                value,
+                received: bytes.len(),
+            };
+            let req = Request::from_parts(parts, json);
             inner.oneshot(req).await
         })
     }

@@ -13,19 +13,49 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{HeaderValue, Request, Response};
-use sluice_engine::trace::{new_id, to_hex};
+use sluice_engine::trace::new_id;
 use tower::{Layer, Service, ServiceExt};
 
 use crate::body::GatewayBody;
 use crate::error::GatewayError;
+use crate::telemetry::spans::{hex_into, traceparent};
 use crate::telemetry::{Metrics, OutcomeGuard, RequestRecord, RequestTrace};
 use crate::BoxFuture;
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
-/// The request's id (an extension).
+/// The request's id (an extension): printable ASCII, at most 128 bytes, kept as the header
+/// value it is sent in (the client's own, shared, when it sent a sane one).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RequestId(pub Arc<str>);
+pub struct RequestId(HeaderValue);
+
+impl RequestId {
+    /// The client's `x-request-id` when it is sane, else a new random one (32 hex digits).
+    fn of<B>(req: &Request<B>) -> Self {
+        let sane = |v: &&HeaderValue| {
+            let b = v.as_bytes();
+            !b.is_empty() && b.len() <= 128 && b.iter().all(u8::is_ascii_graphic)
+        };
+        match req.headers().get(REQUEST_ID_HEADER).filter(sane) {
+            Some(v) => Self(v.clone()),
+            None => {
+                let mut hex = [0u8; 32];
+                hex_into(&new_id::<16>(), &mut hex);
+                Self(HeaderValue::from_bytes(&hex).expect("hex digits are a header value"))
+            }
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only printable ASCII gets in (see `of`).
+        self.0.to_str().unwrap_or_default()
+    }
+
+    /// The id as a header value.
+    pub fn header(&self) -> HeaderValue {
+        self.0.clone()
+    }
+}
 
 /// The layer.
 #[derive(Clone, Debug, Default)]
@@ -76,18 +106,12 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let id = req
-            .headers()
-            .get(REQUEST_ID_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .filter(|s| !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic()))
-            .map_or_else(|| to_hex(&new_id::<16>()), str::to_owned);
+        let id = RequestId::of(&req);
         let trace = RequestTrace::from_header(
             req.headers()
                 .get("traceparent")
                 .and_then(|v| v.to_str().ok()),
         );
-        let id = RequestId(id.into());
         req.extensions_mut().insert(id.clone());
         req.extensions_mut().insert(trace);
         let record = RequestRecord::new(tokio::time::Instant::now(), trace);
@@ -102,17 +126,13 @@ where
                 }
                 Err(e) => {
                     guard.refused(&e);
-                    e.log(&id.0);
+                    e.log(id.as_str());
                     e.into_response()
                 }
             };
             let h = resp.headers_mut();
-            if let Ok(v) = HeaderValue::from_str(&id.0) {
-                h.insert(REQUEST_ID_HEADER, v);
-            }
-            if let Ok(v) = HeaderValue::from_str(&trace.span.to_string()) {
-                h.insert("traceparent", v);
-            }
+            h.insert(REQUEST_ID_HEADER, id.header());
+            h.insert("traceparent", traceparent(&trace.span));
             Ok(resp)
         })
     }

@@ -88,7 +88,15 @@ impl Metrics {
     /// A request ended with `outcome`; `code` is its error code (`"none"` for none).
     pub fn ended(&self, outcome: Outcome, code: &str, class: Class) {
         let mut map = self.outcomes.lock().unwrap_or_else(PoisonError::into_inner);
-        *map.entry((outcome, code.to_owned(), class)).or_default() += 1;
+        // Found without building a key (the map holds a few dozen label sets).
+        let seen = map
+            .iter_mut()
+            .find(|((o, c, k), _)| *o == outcome && c == code && *k == class);
+        if let Some((_, n)) = seen {
+            *n += 1;
+            return;
+        }
+        map.insert((outcome, code.to_owned(), class), 1);
     }
 
     /// Requests accepted so far.

@@ -101,8 +101,11 @@ impl RequestRecord {
         f.trace.span.child(span_id)
     }
 
-    /// The model the request names (`gen_ai.request.model`).
+    /// The model the request names (`gen_ai.request.model`; kept only for spans someone takes).
     pub fn set_model(&self, model: &str) {
+        if !super::spans::wanted() {
+            return;
+        }
         if let Some(u) = &mut self.lock().upstream {
             u.model = Some(model.into());
         }

@@ -9,8 +9,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_engine::trace::{new_id, record, AttrValue, SpanKind, SpanRecord, TraceContext};
+use sluice_engine::trace::{
+    has_sink, new_id, record, AttrValue, SpanKind, SpanRecord, TraceContext,
+};
 use tokio::time::Instant;
+use tracing::Level;
 
 use super::outcome::Outcome;
 use super::record::Facts;
@@ -39,6 +42,24 @@ impl RequestTrace {
         };
         Self { parent, span }
     }
+}
+
+/// `bytes` as lowercase hex digits into `out` (twice as long), without allocating.
+pub fn hex_into(bytes: &[u8], out: &mut [u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (b, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0xf)];
+    }
+}
+
+/// `ctx` as a W3C `traceparent` header value (`00-TRACE-SPAN-FLAGS`), built in place.
+pub fn traceparent(ctx: &TraceContext) -> http::HeaderValue {
+    let mut v = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    hex_into(&ctx.trace_id, &mut v[3..35]);
+    hex_into(&ctx.parent_id, &mut v[36..52]);
+    hex_into(&[ctx.flags], &mut v[53..55]);
+    http::HeaderValue::from_bytes(&v).expect("hex digits and dashes are a header value")
 }
 
 /// The context sent upstream (a request extension, set when the slot is granted): the
@@ -95,8 +116,17 @@ pub struct Ended<'a> {
     pub output_tokens: Option<u64>,
 }
 
-/// Builds the request's spans and hands them to the sink.
+/// Whether anyone takes spans: the process's sink, or the debug log that stands in for one.
+pub fn wanted() -> bool {
+    has_sink() || tracing::enabled!(target: "sluice_engine::trace::span", Level::DEBUG)
+}
+
+/// Builds the request's spans and hands them to the sink (none are built when no sink takes
+/// them and the debug log, their other reader, is off).
 pub fn emit(facts: &Facts, ended: &Ended<'_>) {
+    if !wanted() {
+        return;
+    }
     let trace = facts.trace;
     let wall = |t: Instant| facts.arrived_wall + t.saturating_duration_since(facts.arrived);
     let span = |name, kind, span_id, start, end, attributes| SpanRecord {
@@ -192,4 +222,23 @@ fn error_type(ended: &Ended<'_>) -> String {
 
 fn secs(d: Duration) -> AttrValue {
     d.as_secs_f64().into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_built_in_place_is_the_contexts_text() {
+        for header in [
+            None,
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        ] {
+            let t = RequestTrace::from_header(header).span;
+            assert_eq!(traceparent(&t), t.to_string().as_str());
+        }
+        let mut out = [0u8; 6];
+        hex_into(&[0x00, 0xaf, 0x9e], &mut out);
+        assert_eq!(&out, b"00af9e");
+    }
 }

@@ -20,13 +20,7 @@ impl UsageScanner {
         let mut i = 0;
         while let Some(pos) = find(&self.tail[i..], KEY) {
             let start = i + pos + KEY.len();
-            let digits: String = self.tail[start..]
-                .iter()
-                .skip_while(|b| b.is_ascii_whitespace())
-                .take_while(|b| b.is_ascii_digit())
-                .map(|&b| char::from(b))
-                .collect();
-            if let Ok(n) = digits.parse() {
+            if let Some(n) = number(&self.tail[start..]) {
                 self.completion_tokens = Some(n);
             }
             i = start;
@@ -39,6 +33,23 @@ impl UsageScanner {
     pub fn completion_tokens(&self) -> Option<u64> {
         self.completion_tokens
     }
+}
+
+/// The whole number at the start of `b` (after blanks), if it has one that fits.
+fn number(b: &[u8]) -> Option<u64> {
+    let digits = b
+        .iter()
+        .skip_while(|b| b.is_ascii_whitespace())
+        .take_while(|b| b.is_ascii_digit());
+    let mut n = None;
+    for d in digits {
+        n = Some(
+            n.unwrap_or(0u64)
+                .checked_mul(10)?
+                .checked_add(u64::from(d - b'0'))?,
+        );
+    }
+    n
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {

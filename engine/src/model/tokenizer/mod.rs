@@ -13,10 +13,13 @@
 
 mod byte_level;
 pub mod hf;
+mod pieces;
 #[cfg(test)]
 pub(crate) mod test_support;
 #[cfg(test)]
 mod tests;
+
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::model::gguf::GgufFile;
@@ -88,6 +91,9 @@ pub struct Tokenizer {
     pad: Option<u32>,
     add_bos: bool,
     stop: Vec<u32>,
+    /// The ids of the text between added tokens, remembered (both tokenizers share their
+    /// pre-tokenizer and model, so a piece has the same ids under either).
+    pieces: Arc<pieces::Pieces>,
 }
 
 fn tok_err(msg: impl Into<String>) -> Error {
@@ -248,6 +254,7 @@ impl Tokenizer {
             pad,
             add_bos,
             stop,
+            pieces: Arc::default(),
         })
     }
 
@@ -259,10 +266,7 @@ impl Tokenizer {
         } else {
             &self.plain
         };
-        let encoding = tk
-            .encode_fast(text, false)
-            .map_err(|e| tok_err(format!("encode: {e}")))?;
-        Ok(encoding.get_ids().to_vec())
+        self.pieces.encode(tk, text)
     }
 
     /// Turns ids back into text (the tokens' bytes, concatenated, decoded as UTF-8 with invalid

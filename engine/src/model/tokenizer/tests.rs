@@ -130,3 +130,39 @@ fn rejects_unsupported_models() {
         "{err}"
     );
 }
+
+/// The remembered pieces give the library's own ids, first seen and seen again, for texts with
+/// special and user-defined tokens, digits, blanks and multibyte characters, either way of
+/// treating special tokens, with both pre-tokenizers.
+#[test]
+fn remembered_pieces_give_the_librarys_ids() {
+    let texts = [
+        "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n",
+        "hello world  hello\tworld\n\n  12 345 é🎉",
+        "<tool>{\"a\": 12}</tool><|im_end|><|im_end|>  <|endoftext|>x",
+        "  leading and trailing  ",
+        "",
+        "<|im_start|>",
+        "a<|im_start|>b<tool>c<|im_end|>d",
+    ];
+    let gpt2 = Tokenizer::from_gguf(&toy_gguf_with("gpt2", "gpt-2")).expect("gpt2 pre");
+    for tk in [toy_tokenizer(), gpt2] {
+        for special in [true, false] {
+            let lib = if special { &tk.inner } else { &tk.plain };
+            for text in texts {
+                let want = lib
+                    .encode_fast(text, false)
+                    .expect("encode")
+                    .get_ids()
+                    .to_vec();
+                for round in ["first", "again"] {
+                    assert_eq!(
+                        tk.encode(text, special).expect("encode"),
+                        want,
+                        "{round}: {text:?}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -114,10 +114,7 @@ fn invalid_requests_are_400_naming_the_field() {
 async fn large_bodies_count_off_the_io_threads_with_the_same_result() {
     let c: Arc<dyn TokenCounter> = counter();
     let text = "word ".repeat(5000);
-    let json = Json {
-        endpoint: Endpoint::Completions,
-        value: json!({ "prompt": text }),
-    };
+    let json = Json::new(Endpoint::Completions, json!({ "prompt": text }));
     assert!(approx_len(&json.value) > INLINE_BYTES);
     let direct = c.count(json.endpoint, &json.value).expect("count");
     let (n, back) = count(c, json.clone()).await.expect("count");
