@@ -7,7 +7,10 @@
 #
 # Environment: CARGO_TARGET_DIR (default target), SKIP_BUILD=1, SMG_DIR (a venv with
 # sglang-router; default ~/.cache/sluice/smg, created when missing), DURATION (10 s), WARMUP (3 s),
-# PARTS (default "overhead cap busy": which of the runs below to take).
+# PARTS (default "overhead cap busy": which of the runs below to take), SLUICE_BIN (the `sluice`
+# binary; default $CARGO_TARGET_DIR/release/sluice), SLUICE_B (a second `sluice` binary: the
+# overhead runs then alternate it, as "sluice-b", with the first, for an A/B of two builds in
+# the same minutes). Only the servers the chosen parts use are started.
 #
 # 1. overhead: open loop at 100 and 1,000 req/s against an instant upstream; added latency
 #    = via the gateway minus direct, per repeat, then the median.
@@ -36,6 +39,8 @@ part() { [[ $PARTS == *" $1 "* ]]; }
 
 P_UP=19200 P_BUSY=19201 P_ENG=19202
 P_SLUICE=18200 P_SMG=18201 P_SLUICE_CAP=18202 P_SMG_CAP=18203 P_SLUICE_BUSY=18204 P_SMG_BUSY=18205
+P_SLUICE_B=18206
+SLUICE_BIN=${SLUICE_BIN:-$BIN/sluice}
 
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
     cargo build --release -p sluice-gateway --bin sluice -p sluice-engine --bin sluice-engine
@@ -50,8 +55,8 @@ fi
 SCRATCH=$(mktemp -d /tmp/sluice-smg.XXXXXX)
 source loadtests/bench/lib.sh
 
-sluice() { # NAME POLICY PORT
-    "$BIN/sluice" serve --policy "$2" --model "$MODEL" --listen "127.0.0.1:$3" \
+sluice() { # NAME POLICY PORT [BINARY]
+    "${4:-$SLUICE_BIN}" serve --policy "$2" --model "$MODEL" --listen "127.0.0.1:$3" \
         --certs-dir "$SCRATCH/certs" --plain-http >"$SCRATCH/$1.log" 2>&1 &
     PIDS+=($!)
 }
@@ -64,30 +69,44 @@ smg() { # NAME PORT UPSTREAM_PORT [FLAGS...]   (its metrics on PORT + 2000)
     PIDS+=($!)
 }
 
-"$BIN/examples/instant_upstream" --listen 127.0.0.1:$P_UP 2>"$SCRATCH/up.log" &
-PIDS+=($!)
-"$BIN/examples/instant_upstream" --listen 127.0.0.1:$P_BUSY --busy 2>"$SCRATCH/busy.log" &
-PIDS+=($!)
-"$BIN/sluice-engine" serve --ranks 1 --threads 2 --model "$MODEL" --model-id SmolLM2-135M-Instruct \
-    --listen 127.0.0.1:$P_ENG >"$SCRATCH/engine.log" 2>&1 &
-PIDS+=($!)
-
-policy "$SCRATCH/open.toml" 256 1024 $P_UP 10s
-policy "$SCRATCH/cap.toml" 4 16 $P_ENG 10s
-policy "$SCRATCH/busy.toml" 4 16 $P_BUSY 10s
-sluice sluice "$SCRATCH/open.toml" $P_SLUICE
-sluice sluice-cap "$SCRATCH/cap.toml" $P_SLUICE_CAP
-sluice sluice-busy "$SCRATCH/busy.toml" $P_SLUICE_BUSY
 # SMG as shipped (its default retries and circuit breaker), with a cap of 4 where Sluice has one;
 # its log at warn (at info it logs every request).
-smg smg $P_SMG $P_UP
-smg smg-cap $P_SMG_CAP $P_ENG --max-concurrent-requests 4 --queue-size 16 --queue-timeout-secs 10
-smg smg-busy $P_SMG_BUSY $P_BUSY
-
-wait_up http://127.0.0.1:$P_UP/healthz
-wait_up http://127.0.0.1:$P_ENG/health
-for p in $P_SLUICE $P_SLUICE_CAP $P_SLUICE_BUSY; do wait_up http://127.0.0.1:$p/readyz; done
-for p in $P_SMG $P_SMG_CAP $P_SMG_BUSY; do wait_up http://127.0.0.1:$p/health; done
+OVERHEAD_TARGETS=(direct sluice smg)
+if part overhead; then
+    "$BIN/examples/instant_upstream" --listen 127.0.0.1:$P_UP 2>"$SCRATCH/up.log" &
+    PIDS+=($!)
+    policy "$SCRATCH/open.toml" 256 1024 $P_UP 10s
+    sluice sluice "$SCRATCH/open.toml" $P_SLUICE
+    smg smg $P_SMG $P_UP
+    wait_up http://127.0.0.1:$P_UP/healthz
+    wait_up http://127.0.0.1:$P_SLUICE/readyz
+    wait_up http://127.0.0.1:$P_SMG/health
+    if [[ -n ${SLUICE_B:-} ]]; then
+        sluice sluice-b "$SCRATCH/open.toml" $P_SLUICE_B "$SLUICE_B"
+        wait_up http://127.0.0.1:$P_SLUICE_B/readyz
+        OVERHEAD_TARGETS=(direct sluice sluice-b smg)
+    fi
+fi
+if part cap; then
+    "$BIN/sluice-engine" serve --ranks 1 --threads 2 --model "$MODEL" \
+        --model-id SmolLM2-135M-Instruct --listen 127.0.0.1:$P_ENG >"$SCRATCH/engine.log" 2>&1 &
+    PIDS+=($!)
+    policy "$SCRATCH/cap.toml" 4 16 $P_ENG 10s
+    sluice sluice-cap "$SCRATCH/cap.toml" $P_SLUICE_CAP
+    smg smg-cap $P_SMG_CAP $P_ENG --max-concurrent-requests 4 --queue-size 16 --queue-timeout-secs 10
+    wait_up http://127.0.0.1:$P_ENG/health
+    wait_up http://127.0.0.1:$P_SLUICE_CAP/readyz
+    wait_up http://127.0.0.1:$P_SMG_CAP/health
+fi
+if part busy; then
+    "$BIN/examples/instant_upstream" --listen 127.0.0.1:$P_BUSY --busy 2>"$SCRATCH/busy.log" &
+    PIDS+=($!)
+    policy "$SCRATCH/busy.toml" 4 16 $P_BUSY 10s
+    sluice sluice-busy "$SCRATCH/busy.toml" $P_SLUICE_BUSY
+    smg smg-busy $P_SMG_BUSY $P_BUSY
+    wait_up http://127.0.0.1:$P_SLUICE_BUSY/readyz
+    wait_up http://127.0.0.1:$P_SMG_BUSY/health
+fi
 sleep 2
 RESULTS=$SCRATCH/results.txt
 CLIENT=("$BIN/examples/rate_bench")
@@ -95,7 +114,7 @@ echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 |
     "sluice $(git rev-parse --short HEAD), sglang-router $SMG_VERSION" >&2
 
 declare -A URL=([direct]=http://127.0.0.1:$P_UP [sluice]=http://127.0.0.1:$P_SLUICE
-    [smg]=http://127.0.0.1:$P_SMG)
+    [sluice-b]=http://127.0.0.1:$P_SLUICE_B [smg]=http://127.0.0.1:$P_SMG)
 declare -A CAP=([direct]=http://127.0.0.1:$P_ENG [sluice]=http://127.0.0.1:$P_SLUICE_CAP
     [smg]=http://127.0.0.1:$P_SMG_CAP)
 declare -A BUSY=([sluice]=http://127.0.0.1:$P_SLUICE_BUSY [smg]=http://127.0.0.1:$P_SMG_BUSY)
@@ -125,7 +144,10 @@ for rep in $(seq "$REPEATS"); do
     echo "# repeat $rep/$REPEATS, load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
     for rate in 100 1000; do
         part overhead || break
-        for t in direct sluice smg; do
+        targets=("${OVERHEAD_TARGETS[@]}")
+        # With two builds, every other repeat runs the second first, so drift hits both alike.
+        ((rep % 2 == 0)) && [[ -n ${SLUICE_B:-} ]] && targets=(direct sluice-b sluice smg)
+        for t in "${targets[@]}"; do
             "${CLIENT[@]}" --label "$rep:overhead-$rate-$t" --url "${URL[$t]}" --mode rate \
                 --rate "$rate" --duration "$DURATION" --warmup "$WARMUP" --connections 64 >>"$RESULTS"
         done
@@ -155,7 +177,8 @@ for rep in $(seq "$REPEATS"); do
     done
 done
 cp "$RESULTS" "${RESULTS_COPY:-/tmp/sluice-smg-results.txt}"
-for name in sluice sluice-cap sluice-busy smg smg-cap smg-busy; do
+for name in sluice sluice-b sluice-cap sluice-busy smg smg-cap smg-busy; do
+    [[ -f $SCRATCH/$name.log ]] || continue
     echo "# $name log: $(wc -l <"$SCRATCH/$name.log") lines, $(grep -ci 'panick' "$SCRATCH/$name.log" || true) panics" >&2
 done
 
@@ -193,11 +216,15 @@ print(f"\nmedians of {n} repeat(s); latency in ms from the scheduled send to the
 print("| path | rate | p50 | p99 | added p50 | added p99 |")
 print("| --- | ---: | ---: | ---: | ---: | ---: |")
 for rate in (100, 1000):
-    for t in ("direct", "sluice", "smg"):
+    for t in ("direct", "sluice", "sluice-b", "smg"):
         lab = f"overhead-{rate}-{t}"
+        if lab not in runs:
+            continue
         a50 = "—" if t == "direct" else f"{added(rate, t, 'p50'):+.3f}"
         a99 = "—" if t == "direct" else f"{added(rate, t, 'p99'):+.3f}"
         print(f"| {t} | {rate}/s | {med(lab, 'p50'):.3f} | {med(lab, 'p99'):.3f} | {a50} | {a99} |")
+if "cap-direct" not in runs:
+    sys.exit()
 print(f"\ncap of 4 in front of the real engine, offered 10x (capacity {med('capacity', 'achieved'):.1f} req/s)\n")
 print("| path | engine peak running | statuses (median count) | 503 p50 | 503 p99 | 200 p99 | other p99 |")
 print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
@@ -209,6 +236,8 @@ for t in ("direct", "sluice", "smg"):
     other = ", ".join(f"{c}: {med(lab, f's{c}_p99'):.0f}" for c in sorted(set(others))) or "—"
     print(f"| {t} | {med(lab, 'engine_peak'):.0f} | {statuses(lab)} | {med(lab, 's503_p50'):.1f} "
           f"| {med(lab, 's503_p99'):.1f} | {med(lab, 's200_p99'):.0f} | {other} |")
+if "busy-sluice" not in runs:
+    sys.exit()
 print("\nan upstream answering every completion with vLLM's 503, 10 req/s\n")
 print("| path | client statuses | upstream attempts per client request |")
 print("| --- | --- | ---: |")
