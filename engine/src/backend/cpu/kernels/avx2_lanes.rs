@@ -34,12 +34,15 @@ vnni_dot!(
 /// One group of 16 weight rows times `C` activation rows, as [`super::lanes::TileFn`] says.
 /// Prefetches the group after it, which is the next tile's.
 ///
+/// The tokens go through each block in groups of up to [`group_size`] ([`block_group`]), both
+/// halves at once: each activation line is broadcast once for the two halves, and a group's
+/// integer sums stay in the 16 ymm registers (all 8 tokens at once spilled them, and the
+/// compiler kept every broadcast of the block on the stack).
+///
 /// # Safety
 /// AVX2, FMA, F16C and `D`'s features; the tile's pointers are valid as
 /// [`super::lanes::TileFn`] says, for `C` tokens of Q8_0 (`Q8`) or Q4_1 weight `w`.
 #[inline(always)]
-// `c` indexes the token's accumulators and its activation bytes alike.
-#[allow(clippy::needless_range_loop)]
 pub(super) unsafe fn tile<D: Dot<__m256i>, const Q8: bool, const C: usize>(
     w: &LaneMatrix,
     t: Tile,
@@ -47,87 +50,41 @@ pub(super) unsafe fn tile<D: Dot<__m256i>, const Q8: bool, const C: usize>(
     debug_assert_eq!(t.c, C);
     let blocks = t.blocks(w);
     let (n, xq, xds, out, res, stride) = (t.n, t.xq, t.xds, t.out, t.res, t.stride);
-    let (nb, cols) = (blocks.nb, blocks.nb * QK);
+    let nb = blocks.nb;
     // SAFETY (whole body): AVX2, FMA, F16C and `D`'s features are the caller's promise; every
     // pointer read is inside the group or the activations, as noted at each access.
     unsafe {
-        let nibble = _mm256_set1_epi8(0x0F);
-        let zero = _mm256_setzero_si256();
         // Per half and token, the scaled dot products and (apart) the offset terms.
-        let mut acc = [[_mm256_setzero_ps(); C]; 2];
-        let mut macc = [[_mm256_setzero_ps(); C]; 2];
+        let mut sums = Sums {
+            acc: [[_mm256_setzero_ps(); C]; 2],
+            macc: [[_mm256_setzero_ps(); C]; 2],
+        };
+        let g = group_size::<D, Q8>();
         for b in 0..nb {
             let (sp, vp) = blocks.block(b);
-            // The activations' four bytes of line `v`, per token.
-            let x4 = |c: usize, v: usize| {
-                let xb = xq.wrapping_add(c * cols + b * QK) as *const i32;
-                // SAFETY: values `4v..4v + 4` of block `b` of activation row `c < C`.
-                _mm256_set1_epi32(xb.add(v).read_unaligned())
+            let blk = Block {
+                sp,
+                vp,
+                xq,
+                xds,
+                nb,
+                b,
             };
-            for h in 0..2 {
-                // The f16 scales (and Q4_1's offsets) of the half's 8 rows: 16 bytes each.
-                let d = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(16 * h) as *const _));
-                let m = if Q8 {
-                    _mm256_mul_ps(d, _mm256_set1_ps(-128.0))
-                } else {
-                    _mm256_cvtph_ps(_mm_loadu_si128(sp.add(32 + 16 * h) as *const _))
-                };
-                // Integer dot products per token: low nibbles (or whole bytes) and high ones.
-                let mut lo = [zero; C];
-                let mut hi = [zero; C];
-                if Q8 {
-                    for v in 0..8 {
-                        // SAFETY: half `h` of line `v` of the block's 512 value bytes.
-                        let t = _mm256_loadu_si256(vp.add(64 * v + 32 * h) as *const _);
-                        if D::WHOLE_BYTES {
-                            for c in 0..C {
-                                lo[c] = D::dot(lo[c], t, x4(c, v));
-                            }
-                        } else {
-                            let (l, u) = (
-                                _mm256_and_si256(t, nibble),
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(t), nibble),
-                            );
-                            for c in 0..C {
-                                let x = x4(c, v);
-                                lo[c] = D::dot(lo[c], l, x);
-                                hi[c] = D::dot(hi[c], u, x);
-                            }
-                        }
-                    }
-                } else {
-                    for k in 0..4 {
-                        // SAFETY: half `h` of line `k` of the block's 256 value bytes: elements
-                        // `4k..` in the low nibbles, `16 + 4k..` in the high ones.
-                        let t = _mm256_loadu_si256(vp.add(64 * k + 32 * h) as *const _);
-                        let l = _mm256_and_si256(t, nibble);
-                        let u = _mm256_and_si256(_mm256_srli_epi16::<4>(t), nibble);
-                        for c in 0..C {
-                            lo[c] = D::dot(lo[c], l, x4(c, k));
-                            lo[c] = D::dot(lo[c], u, x4(c, k + 4));
-                        }
-                    }
+            let mut c0 = 0;
+            while c0 < C {
+                match (C - c0).min(g) {
+                    4 => block_group::<D, Q8, C, 4>(&blk, c0, &mut sums),
+                    3 => block_group::<D, Q8, C, 3>(&blk, c0, &mut sums),
+                    2 => block_group::<D, Q8, C, 2>(&blk, c0, &mut sums),
+                    _ => block_group::<D, Q8, C, 1>(&blk, c0, &mut sums),
                 }
-                for c in 0..C {
-                    let mut dot = D::widen(lo[c], 1);
-                    if Q8 && !D::WHOLE_BYTES {
-                        dot = _mm256_add_epi32(D::widen(hi[c], 16), dot);
-                    }
-                    // SAFETY: the pair of block `b` of activation row `c`.
-                    let (dx, sx) = {
-                        let p = xds.add(c * 2 * nb + 2 * b);
-                        (*p, *p.add(1))
-                    };
-                    let scale = _mm256_mul_ps(d, _mm256_set1_ps(dx));
-                    acc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[h][c]);
-                    macc[h][c] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx), macc[h][c]);
-                }
+                c0 += g;
             }
         }
         for c in 0..C {
             let mut y = [0f32; ROWS];
             for h in 0..2 {
-                let v = _mm256_add_ps(acc[h][c], macc[h][c]);
+                let v = _mm256_add_ps(sums.acc[h][c], sums.macc[h][c]);
                 _mm256_storeu_ps(y.as_mut_ptr().add(8 * h), v);
             }
             // SAFETY: outputs `c * stride + r` for `r < n`, and the residual's alike.
@@ -137,6 +94,133 @@ pub(super) unsafe fn tile<D: Dot<__m256i>, const Q8: bool, const C: usize>(
                 if !res.is_null() {
                     *r.add(i) += yi;
                 }
+            }
+        }
+    }
+}
+
+/// A tile's float sums: per half and token, the scaled dot products and the offset terms.
+struct Sums<const C: usize> {
+    acc: [[__m256; C]; 2],
+    macc: [[__m256; C]; 2],
+}
+
+/// One block of a tile: its scales `sp` and values `vp`, and the tile's activations (`nb`
+/// blocks a row, this is block `b`).
+struct Block {
+    sp: *const u8,
+    vp: *const u8,
+    xq: *const i8,
+    xds: *const f32,
+    nb: usize,
+    b: usize,
+}
+
+/// Tokens per group: as many as keep a group's integer sums (two halves, and for Q8_0 nibbles
+/// two more) and the block's unpacked lines in registers.
+const fn group_size<D: Dot<__m256i>, const Q8: bool>() -> usize {
+    if Q8 && !D::WHOLE_BYTES {
+        2
+    } else {
+        4
+    }
+}
+
+/// Block `blk.b` for tokens `c0..c0 + G` of the tile: their integer dot products with both
+/// halves, then the conversion, scale and FMAs into `sums`, in the AVX-512 tile's order.
+///
+/// # Safety
+/// As [`tile`], with `c0 + G <= C`.
+#[inline(always)]
+// `c` indexes the token's sums and its activation bytes alike.
+#[allow(clippy::needless_range_loop)]
+unsafe fn block_group<D: Dot<__m256i>, const Q8: bool, const C: usize, const G: usize>(
+    blk: &Block,
+    c0: usize,
+    sums: &mut Sums<C>,
+) {
+    let Block {
+        sp,
+        vp,
+        xq,
+        xds,
+        nb,
+        b,
+    } = *blk;
+    // SAFETY (whole body): as [`tile`]'s; every read is inside the block or the activations.
+    unsafe {
+        let nibble = _mm256_set1_epi8(0x0F);
+        let zero = _mm256_setzero_si256();
+        // The activations' four bytes of line `v`, per token of the group.
+        let x4 = |c: usize, v: usize| {
+            let xb = xq.wrapping_add((c0 + c) * nb * QK + b * QK) as *const i32;
+            // SAFETY: values `4v..4v + 4` of block `b` of activation row `c0 + c < C`.
+            _mm256_set1_epi32(xb.add(v).read_unaligned())
+        };
+        // Integer dot products per half and token: low nibbles (or whole bytes) and high ones.
+        let mut lo = [[zero; G]; 2];
+        let mut hi = [[zero; G]; 2];
+        if Q8 {
+            for v in 0..8 {
+                // SAFETY: the halves of line `v` of the block's 512 value bytes.
+                let t = [0, 1].map(|h| _mm256_loadu_si256(vp.add(64 * v + 32 * h) as *const _));
+                if D::WHOLE_BYTES {
+                    for c in 0..G {
+                        let x = x4(c, v);
+                        for h in 0..2 {
+                            lo[h][c] = D::dot(lo[h][c], t[h], x);
+                        }
+                    }
+                } else {
+                    let l = t.map(|t| _mm256_and_si256(t, nibble));
+                    let u = t.map(|t| _mm256_and_si256(_mm256_srli_epi16::<4>(t), nibble));
+                    for c in 0..G {
+                        let x = x4(c, v);
+                        for h in 0..2 {
+                            lo[h][c] = D::dot(lo[h][c], l[h], x);
+                            hi[h][c] = D::dot(hi[h][c], u[h], x);
+                        }
+                    }
+                }
+            }
+        } else {
+            for k in 0..4 {
+                // SAFETY: the halves of line `k` of the block's 256 value bytes: elements
+                // `4k..` in the low nibbles, `16 + 4k..` in the high ones.
+                let t = [0, 1].map(|h| _mm256_loadu_si256(vp.add(64 * k + 32 * h) as *const _));
+                let l = t.map(|t| _mm256_and_si256(t, nibble));
+                let u = t.map(|t| _mm256_and_si256(_mm256_srli_epi16::<4>(t), nibble));
+                for c in 0..G {
+                    let (xl, xu) = (x4(c, k), x4(c, k + 4));
+                    for h in 0..2 {
+                        lo[h][c] = D::dot(lo[h][c], l[h], xl);
+                        lo[h][c] = D::dot(lo[h][c], u[h], xu);
+                    }
+                }
+            }
+        }
+        for h in 0..2 {
+            // The f16 scales (and Q4_1's offsets) of the half's 8 rows: 16 bytes each.
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(16 * h) as *const _));
+            let m = if Q8 {
+                _mm256_mul_ps(d, _mm256_set1_ps(-128.0))
+            } else {
+                _mm256_cvtph_ps(_mm_loadu_si128(sp.add(32 + 16 * h) as *const _))
+            };
+            for c in 0..G {
+                let mut dot = D::widen(lo[h][c], 1);
+                if Q8 && !D::WHOLE_BYTES {
+                    dot = _mm256_add_epi32(D::widen(hi[h][c], 16), dot);
+                }
+                // SAFETY: the pair of block `b` of activation row `c0 + c`.
+                let (dx, sx) = {
+                    let p = xds.add((c0 + c) * 2 * nb + 2 * b);
+                    (*p, *p.add(1))
+                };
+                let (acc, macc) = (&mut sums.acc[h][c0 + c], &mut sums.macc[h][c0 + c]);
+                let scale = _mm256_mul_ps(d, _mm256_set1_ps(dx));
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, *acc);
+                *macc = _mm256_fmadd_ps(m, _mm256_set1_ps(sx), *macc);
             }
         }
     }
