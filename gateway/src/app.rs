@@ -12,16 +12,18 @@ use crate::alerts::Alerter;
 use crate::body::GatewayBody;
 use crate::forward::{Forward, Upstream};
 use crate::middleware::admission::{Admission, AdmissionLayer, Limits};
+use crate::middleware::around::AroundLayer;
 use crate::middleware::auth::Auth;
-use crate::middleware::budget::BudgetLayer;
+use crate::middleware::budget::Budget;
 use crate::middleware::cap::Cap;
 use crate::middleware::check::CheckLayer;
 use crate::middleware::count::{CountLayer, TokenCounter};
 use crate::middleware::parse::ParseLayer;
-use crate::middleware::rate_limit::RateLimitLayer;
+use crate::middleware::rate_limit::RateLimit;
 use crate::middleware::request_id::RequestIdLayer;
 use crate::policy::PolicyStore;
-use crate::shared::{Shared, SharedCeilingLayer};
+use crate::shared::hold::SharedCeiling;
+use crate::shared::Shared;
 use crate::telemetry::Metrics;
 
 /// The generation stack as one service.
@@ -92,8 +94,10 @@ impl App {
 ///    request accepted and records its outcome.
 /// 2. **auth** ([`crate::middleware::auth`]): the API key → `Caller` (tenant, class); 401.
 /// 3. **rate limit** ([`crate::middleware::rate_limit`]): GCRA per tenant; reads `Caller`; 429.
-///    With `[shared]` the buckets are in Redis ([`crate::shared`]); 503
-///    `shared_state_unavailable` when it is away and `fail = "closed"`.
+///    With `[shared]` the buckets are in Redis ([`crate::shared`]), checked by the request's
+///    one script on arrival: here for a tenant without a budget (with the try at the shared
+///    ceiling's lease → `Arrival`), at 6 for one with a budget; 503 `shared_state_unavailable`
+///    when Redis is away and `fail = "closed"`.
 /// 4. **parse** ([`crate::middleware::parse`]): body limit (413) and JSON (400); the request
 ///    becomes `Request<Json>`.
 /// 5. **count** ([`crate::middleware::count`]): prompt tokens with the model's tokenizer and
@@ -102,8 +106,10 @@ impl App {
 ///    `context_length_exceeded`); `max_tokens` defaulted and clamped → `MaxTokens`.
 ///    Then the tenant's **token budget** ([`crate::middleware::budget`]): prompt + `max_tokens`
 ///    charged on arrival (429 `tokens_per_minute_exceeded`), settled to the real usage when
-///    the response ends; reads `Caller`, `PromptTokens`, `MaxTokens`. With `[shared]` and a
-///    free local slot the same script tries for the shared ceiling's lease → `Arrival`.
+///    the response ends; reads `Caller`, `PromptTokens`, `MaxTokens`. With `[shared]` one script
+///    checks the tenant's rate limit (429 `rate_limit_exceeded`), charges the budget and, with a
+///    free local slot, tries for the shared ceiling's lease → `Arrival`; 503
+///    `shared_state_unavailable` when Redis is away and `fail = "closed"`.
 /// 7. **admission** ([`crate::middleware::admission`]): a slot among `active_max`, or a place
 ///    in the queue, or 503 `overloaded` / `queue_timeout`; reads `Caller` and `PromptTokens`;
 ///    the slot moves into the response body; adds `QueueTime`, `x-sluice-queue-ms`.
@@ -117,20 +123,20 @@ pub fn stack(app: &App, counter: Arc<dyn TokenCounter>) -> Stack {
     let service = ServiceBuilder::new()
         .layer(RequestIdLayer::new(app.metrics.clone()))
         .layer(CheckLayer::new(Auth::new(app.policy.clone())))
-        .layer(RateLimitLayer::new(app.shared.clone()))
+        .layer(AroundLayer::new(RateLimit::new(app.shared.clone())))
         .layer(ParseLayer::new(app.policy.clone()))
         .layer(CountLayer::new(counter))
         .layer(CheckLayer::new(Cap::new(app.policy.clone())))
-        .layer(BudgetLayer::new(app.shared.clone()))
+        .layer(AroundLayer::new(Budget::new(app.shared.clone())))
         .layer(AdmissionLayer::new(
             app.admission.clone(),
             app.metrics.clone(),
         ))
-        .layer(SharedCeilingLayer::new(
+        .layer(AroundLayer::new(SharedCeiling::new(
             app.shared.clone(),
             app.admission.clone(),
             app.policy.clone(),
-        ))
+        )))
         .service(Forward::new(app.upstream.clone(), app.policy.clone()));
     BoxCloneSyncService::new(service)
 }

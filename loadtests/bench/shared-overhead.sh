@@ -2,8 +2,10 @@
 # The cost of the shared path (issue 24, item 6): one gateway alone vs one with [shared] on a
 # local redis-server, both plain HTTP in front of an instant fake upstream, at RATE req/s.
 # The tenant has a rate limit and a token budget, and the upstream is `openai`, so each shared
-# request runs the GCRA, the budget charge, the ceiling's acquire and release scripts (and the
-# settle when the usage says less). Results go to docs/performance.md ("Shared state").
+# request runs two scripts: on arrival the GCRA, the budget charge and the ceiling's lease in
+# one (`arrive`), at the end the settle and the release in one (`finish`, in the background).
+# The Redis line at the end gives the EVALSHA count: 2 a request, plus the first NOSCRIPT of
+# each script. Results go to docs/performance.md ("Shared state").
 #
 #   loadtests/bench/shared-overhead.sh [REPEATS]        (default 3; medians are printed)
 #

@@ -7,30 +7,33 @@
 //!
 //! With `[shared]`, the charges of every gateway of the deployment are kept in Redis
 //! ([`crate::shared::budget`]): one budget per tenant, charged and settled by atomic scripts.
-//! While Redis is unavailable, `fail = "local"` charges a local budget of the gateway's share
-//! (`tokens_per_minute / expected_replicas`) and `fail = "closed"` refuses with 503
-//! `shared_state_unavailable`.
+//! A tenant's shared rate limit is checked here too when it has a budget, in the same script as
+//! the charge (and the try at the shared ceiling's lease): one round trip on arrival
+//! ([`crate::shared::arrive`], which says why that 429 comes after counting). While Redis is unavailable,
+//! `fail = "local"` takes from a local bucket and charges a local budget of the gateway's share
+//! (`requests_per_second` and `tokens_per_minute / expected_replicas`) and `fail = "closed"`
+//! refuses with 503 `shared_state_unavailable`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
-use tower::{Layer, Service};
+use tower::Service;
 
+use super::around::{Answer, Around};
 use super::auth::Caller;
 use super::cap::MaxTokens;
 use super::count::PromptTokens;
+use super::rate_limit::{limited, RateLimit};
 use crate::body::{GatewayBody, Tap, TapBody};
 use crate::error::GatewayError;
-use crate::policy::Class;
-use crate::shared::{budget as shared_budget, Shared};
+use crate::policy::{Class, Tenant};
+use crate::shared::{budget as shared_budget, Arrival, Arrived, Ask, Rate, Refused, Shared};
 use crate::telemetry::UsageScanner;
-use crate::BoxFuture;
 
 /// The window a budget covers.
 const WINDOW: Duration = Duration::from_secs(60);
@@ -147,119 +150,102 @@ impl Held {
     }
 }
 
-/// Charges `needed` tokens to `tenant`: in Redis when shared (by `fail` when it is not
-/// available), else locally.
-async fn charge(
-    budgets: &Arc<TokenBudgets>,
-    shared: Option<&Arc<Shared>>,
-    tenant: &str,
-    budget: u64,
-    needed: u64,
-    class: Class,
-) -> Result<Held, GatewayError> {
-    let Some(shared) = shared else {
-        return budgets.charge(tenant, budget, needed).map(Held::Local);
-    };
-    match shared.charge(tenant, budget, needed, class).await {
-        Ok(Ok(c)) => Ok(Held::Shared(c)),
-        Ok(Err(retry_after)) => Err(GatewayError::TokenBudget {
-            tenant: tenant.to_owned(),
-            budget,
-            needed,
-            retry_after,
-        }),
-        Err(why) => {
-            shared.on_unavailable(why)?;
-            let share = (budget / shared.share() as u64).max(1);
-            budgets.charge(tenant, share, needed).map(Held::Local)
-        }
-    }
-}
-
-/// The layer.
+/// The stage (an [`Around`]): charges the tenant, calls the inner service, settles at the
+/// response's end.
 #[derive(Clone, Debug, Default)]
-pub struct BudgetLayer {
+pub struct Budget {
     budgets: Arc<TokenBudgets>,
+    /// With `[shared]`: the local buckets of the gateway's share of the rate while Redis is
+    /// unavailable.
+    rates: RateLimit,
     shared: Option<Arc<Shared>>,
 }
 
-impl BudgetLayer {
-    /// Budgets kept locally, or in Redis when `shared` is given.
+impl Budget {
+    /// Budgets kept locally, or in Redis (with the rate limits) when `shared` is given.
     pub fn new(shared: Option<Arc<Shared>>) -> Self {
         Self {
             budgets: Arc::default(),
+            rates: RateLimit::default(),
             shared,
         }
     }
-}
 
-impl<S> Layer<S> for BudgetLayer {
-    type Service = Budget<S>;
-
-    fn layer(&self, inner: S) -> Budget<S> {
-        Budget {
-            inner,
-            budgets: self.budgets.clone(),
-            shared: self.shared.clone(),
+    /// `tenant`'s budget charged `needed` (and the lease's try), locally or in Redis; with
+    /// `[shared]` its rate limit too, in the same script. While Redis is unavailable, by
+    /// `fail`: the gateway's share of the rate, then of the budget, counted locally.
+    async fn arrive(
+        &self,
+        tenant: &Tenant,
+        budget: u64,
+        needed: u64,
+        class: Class,
+    ) -> Result<(Held, Option<Arrival>), GatewayError> {
+        let Some(shared) = &self.shared else {
+            let charge = self.budgets.charge(&tenant.name, budget, needed)?;
+            return Ok((Held::Local(charge), None));
+        };
+        let ask = Ask {
+            tenant: &tenant.name,
+            rate: tenant
+                .requests_per_second
+                .map(|r| Rate::new(r, tenant.burst)),
+            tokens: Some((budget, needed)),
+            class,
+        };
+        let refused = |budget: u64, retry_after| GatewayError::TokenBudget {
+            tenant: tenant.name.clone(),
+            budget,
+            needed,
+            retry_after,
+        };
+        match shared.arrive(&ask).await {
+            Ok(Ok(Arrived {
+                charge: Some(c),
+                arrival,
+            })) => Ok((Held::Shared(c), Some(arrival))),
+            Ok(Ok(_)) => Err(GatewayError::Internal(
+                "a budget arrived without its charge".into(),
+            )),
+            Ok(Err(Refused::Rate(wait))) => Err(limited(tenant, wait)),
+            Ok(Err(Refused::Budget(wait))) => Err(refused(budget, wait)),
+            Err(why) => {
+                shared.on_unavailable(why)?;
+                let n = shared.share();
+                self.rates.take_share(tenant, n)?;
+                let share = (budget / n as u64).max(1);
+                let charge = self.budgets.charge(&tenant.name, share, needed)?;
+                Ok((Held::Local(charge), None))
+            }
         }
     }
 }
 
-/// Charges the tenant, calls the inner service, settles at the response's end.
-#[derive(Clone, Debug)]
-pub struct Budget<S> {
-    inner: S,
-    budgets: Arc<TokenBudgets>,
-    shared: Option<Arc<Shared>>,
-}
-
-impl<S, B> Service<Request<B>> for Budget<S>
-where
-    S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = Response<GatewayBody>;
-    type Error = GatewayError;
-    type Future = BoxFuture<Result<Response<GatewayBody>, GatewayError>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+impl<B: Send + 'static> Around<B> for Budget {
+    fn around<S>(&self, mut req: Request<B>, mut inner: S) -> Answer
+    where
+        S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+    {
         let ext = req.extensions();
         let class = ext.get::<Caller>().map(|c| c.class).unwrap_or_default();
         let tenant = ext.get::<Caller>().and_then(|c| c.tenant.clone());
         let Some((tenant, budget)) = tenant.and_then(|t| t.tokens_per_minute.map(|b| (t, b)))
         else {
-            return Box::pin(self.inner.call(req));
+            return Box::pin(inner.call(req));
         };
         let prompt = ext.get::<PromptTokens>().map_or(0, |p| p.0) as u64;
         let max = ext.get::<MaxTokens>().map_or(0, |m| m.0) as u64;
-        let (budgets, shared) = (self.budgets.clone(), self.shared.clone());
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let stage = self.clone();
         Box::pin(async move {
-            let needed = prompt + max;
-            let mut charge = charge(
-                &budgets,
-                shared.as_ref(),
-                &tenant.name,
-                budget,
-                needed,
-                class,
-            )
-            .await?;
-            if let Held::Shared(c) = &mut charge {
-                // The lease the charge's script took (if any), for the shared ceiling's layer.
-                req.extensions_mut().insert(c.arrival());
+            let (charge, arrival) = stage.arrive(&tenant, budget, prompt + max, class).await?;
+            if let Some(a) = arrival {
+                // The lease the arrival took (if any), for the shared ceiling's stage.
+                req.extensions_mut().insert(a);
             }
-            let resp = inner.call(req).await;
-            match resp {
+            match inner.call(req).await {
                 Ok(resp) => Ok(resp.map(|b| {
                     let settle = Settle {
                         charge,

@@ -1,6 +1,7 @@
 //! The gateway's tower layers, one module each, in stack order (see [`crate::app::stack`]).
 
 pub mod admission;
+pub mod around;
 pub mod auth;
 pub mod budget;
 pub mod cap;

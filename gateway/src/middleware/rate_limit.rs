@@ -3,33 +3,40 @@
 //! 429 `rate_limit_exceeded` with `Retry-After`. Open gateways (no tenants) have no limit.
 //!
 //! Alone, a gateway keeps its buckets in memory (`governor`). With `[shared]`, every gateway of
-//! the deployment takes from one bucket per tenant in Redis ([`crate::shared::rate`]), checked
-//! before the request goes on; while Redis is unavailable, `fail = "local"` takes from a local
-//! bucket of the gateway's share (`requests_per_second / expected_replicas`, burst likewise,
-//! rounded up) and `fail = "closed"` refuses with 503 `shared_state_unavailable`.
+//! the deployment takes from one bucket per tenant in Redis ([`crate::shared::rate`]), in the
+//! request's one script on arrival ([`crate::shared::arrive`]): here, before the body is parsed,
+//! for a tenant without a token budget (the rate and the try at the shared ceiling's lease); at
+//! the budget ([`crate::middleware::budget`]), after the prompt is counted, for a tenant with
+//! one (the rate, the charge and the lease's try). Either way a request makes one call on
+//! arrival; a refusal of Redis that still stands is answered here at once, without it. While
+//! Redis is unavailable, `fail = "local"` takes from a local bucket of the gateway's share
+//! (`requests_per_second / expected_replicas`, burst likewise, rounded up;
+//! [`RateLimit::take_share`]) and `fail = "closed"` refuses with 503 `shared_state_unavailable`.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
-use http::Request;
-use tower::{Layer, Service};
+use http::{Request, Response};
+use tower::Service;
 
+use super::around::{Answer, Around};
 use super::auth::Caller;
 use super::check::Check;
+use crate::body::GatewayBody;
 use crate::error::GatewayError;
 use crate::policy::Tenant;
-use crate::shared::Shared;
-use crate::BoxFuture;
+use crate::shared::{Ask, Rate, Refused, Shared};
 
-/// The tenants' limiters, rebuilt when a reload changes a tenant's quota.
+/// The tenants' limiters, rebuilt when a reload changes a tenant's quota; with `[shared]`,
+/// the shared state whose refusals it answers.
 #[derive(Clone, Debug, Default)]
 pub struct RateLimit {
     buckets: Arc<Mutex<HashMap<String, Bucket>>>,
+    shared: Option<Arc<Shared>>,
 }
 
 /// One tenant's limiter and the quota it was built for.
@@ -40,6 +47,14 @@ struct Bucket {
 }
 
 impl RateLimit {
+    /// Local buckets, or the shared ones' standing refusals when `shared` is given.
+    pub fn new(shared: Option<Arc<Shared>>) -> Self {
+        Self {
+            buckets: Arc::default(),
+            shared,
+        }
+    }
+
     fn limiter(&self, tenant: &str, quota: Quota) -> Arc<DefaultDirectRateLimiter> {
         let mut map = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
         match map.get(tenant) {
@@ -78,9 +93,20 @@ impl RateLimit {
             )),
         }
     }
+
+    /// Takes one request from `tenant`'s local bucket of its share of `share` gateways (rate
+    /// and burst divided, the burst rounded up); none without a rate.
+    pub fn take_share(&self, tenant: &Tenant, share: usize) -> Result<(), GatewayError> {
+        let Some(rate) = tenant.requests_per_second else {
+            return Ok(());
+        };
+        let n = share.max(1);
+        self.take(tenant, rate / n as f64, tenant.burst.div_ceil(n as u32))
+    }
 }
 
-fn limited(tenant: &Tenant, retry_after: Duration) -> GatewayError {
+/// 429 `rate_limit_exceeded` for `tenant`, retry after `retry_after`.
+pub fn limited(tenant: &Tenant, retry_after: Duration) -> GatewayError {
     GatewayError::RateLimited {
         tenant: tenant.name.clone(),
         rate: tenant.requests_per_second.unwrap_or_default(),
@@ -97,83 +123,65 @@ fn limited_tenant<B>(req: &Request<B>) -> Option<(Arc<Tenant>, f64)> {
 
 impl<B> Check<B> for RateLimit {
     fn check(&self, req: &mut Request<B>) -> Result<(), GatewayError> {
-        match limited_tenant(req) {
-            Some((tenant, rate)) => self.take(&tenant, rate, tenant.burst),
+        let Some((tenant, rate)) = limited_tenant(req) else {
+            return Ok(());
+        };
+        let Some(shared) = &self.shared else {
+            return self.take(&tenant, rate, tenant.burst);
+        };
+        // Shared: checked by the arrival's script (see the module's doc); here only a refusal
+        // Redis gave that still stands.
+        match shared.rate_refused(&tenant.name, rate, tenant.burst) {
+            Some(wait) => Err(limited(&tenant, wait)),
             None => Ok(()),
         }
     }
 }
 
-/// The layer: local buckets, or shared ones when `[shared]` is on.
-#[derive(Clone, Debug, Default)]
-pub struct RateLimitLayer {
-    local: RateLimit,
-    shared: Option<Arc<Shared>>,
-}
-
-impl RateLimitLayer {
-    pub fn new(shared: Option<Arc<Shared>>) -> Self {
-        Self {
-            local: RateLimit::default(),
-            shared,
+impl<B: Send + 'static> Around<B> for RateLimit {
+    /// The check; then with `[shared]`, for a tenant with a rate and no budget, the arrival's
+    /// script (the rate and the lease's try) before the body is parsed.
+    fn around<S>(&self, mut req: Request<B>, mut inner: S) -> Answer
+    where
+        S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        if let Err(e) = self.check(&mut req) {
+            return Box::pin(std::future::ready(Err(e)));
         }
-    }
-}
-
-impl<S> Layer<S> for RateLimitLayer {
-    type Service = RateLimited<S>;
-
-    fn layer(&self, inner: S) -> RateLimited<S> {
-        RateLimited {
-            inner,
-            limits: self.clone(),
-        }
-    }
-}
-
-/// Checks the tenant's bucket, then calls the inner service.
-#[derive(Clone, Debug)]
-pub struct RateLimited<S> {
-    inner: S,
-    limits: RateLimitLayer,
-}
-
-impl<S, B> Service<Request<B>> for RateLimited<S>
-where
-    S: Service<Request<B>, Error = GatewayError> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Response: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = GatewayError;
-    type Future = BoxFuture<Result<S::Response, GatewayError>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let Some((tenant, rate)) = limited_tenant(&req) else {
-            return Box::pin(self.inner.call(req));
+        let limited_alone = limited_tenant(&req).filter(|(t, _)| t.tokens_per_minute.is_none());
+        let (Some(shared), Some((tenant, rate))) = (self.shared.clone(), limited_alone) else {
+            return Box::pin(inner.call(req));
         };
-        let Some(shared) = self.limits.shared.clone() else {
-            return match self.limits.local.take(&tenant, rate, tenant.burst) {
-                Ok(()) => Box::pin(self.inner.call(req)),
-                Err(e) => Box::pin(std::future::ready(Err(e))),
-            };
-        };
-        let local = self.limits.local.clone();
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let class = req
+            .extensions()
+            .get::<Caller>()
+            .map(|c| c.class)
+            .unwrap_or_default();
+        let local = self.clone();
         Box::pin(async move {
-            match shared.gcra(&tenant.name, rate, tenant.burst).await {
-                Ok(Ok(())) => {}
-                Ok(Err(wait)) => return Err(limited(&tenant, wait)),
+            let ask = Ask {
+                tenant: &tenant.name,
+                rate: Some(Rate::new(rate, tenant.burst)),
+                tokens: None,
+                class,
+            };
+            match shared.arrive(&ask).await {
+                Ok(Ok(a)) => {
+                    // The lease the arrival took (if any), for the shared ceiling's stage.
+                    req.extensions_mut().insert(a.arrival);
+                }
+                Ok(Err(Refused::Rate(wait))) => return Err(limited(&tenant, wait)),
+                Ok(Err(Refused::Budget(_))) => {
+                    return Err(GatewayError::Internal(
+                        "a budget refused, none asked".into(),
+                    ))
+                }
                 Err(why) => {
                     shared.on_unavailable(why)?;
-                    let n = shared.share();
-                    local.take(&tenant, rate / n as f64, tenant.burst.div_ceil(n as u32))?;
+                    local.take_share(&tenant, shared.share())?;
                 }
             }
             inner.call(req).await

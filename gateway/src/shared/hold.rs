@@ -1,4 +1,4 @@
-//! The layer between admission and forward: a request that holds its local slot takes a lease
+//! The stage between admission and forward: a request that holds its local slot takes a lease
 //! on the upstream's shared ceiling (waiting for one within what is left of
 //! `admission.queue_wait_max`), unless its budget's charge took one on arrival
 //! ([`super::Arrival`]), and the response body holds the lease until its end, as it holds the
@@ -6,34 +6,34 @@
 //! passes requests through untouched.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{HeaderValue, Request, Response};
 use http_body_util::BodyExt;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Service, ServiceExt};
 
 use super::{Arrival, Lease, Shared};
 use crate::body::{BoxError, GatewayBody, Tap, TapBody};
 use crate::error::GatewayError;
 use crate::middleware::admission::{Admission, QueueTime};
+use crate::middleware::around::{Answer, Around};
 use crate::middleware::auth::Caller;
 use crate::policy::PolicyStore;
-use crate::BoxFuture;
 
 /// The response header with the time spent waiting for the shared slot, in whole milliseconds
 /// (after `x-sluice-queue-ms` in the local queue).
 pub const SHARED_WAIT_HEADER: &str = "x-sluice-shared-wait-ms";
 
-/// The layer.
+/// The stage (an [`Around`]): takes the shared slot, calls the inner service, moves the lease
+/// into the body.
 #[derive(Clone, Debug)]
-pub struct SharedCeilingLayer {
+pub struct SharedCeiling {
     shared: Option<Arc<Shared>>,
     admission: Arc<Admission>,
     policy: Arc<PolicyStore>,
 }
 
-impl SharedCeilingLayer {
+impl SharedCeiling {
     pub fn new(
         shared: Option<Arc<Shared>>,
         admission: Arc<Admission>,
@@ -47,44 +47,16 @@ impl SharedCeilingLayer {
     }
 }
 
-impl<S> Layer<S> for SharedCeilingLayer {
-    type Service = SharedCeiling<S>;
-
-    fn layer(&self, inner: S) -> SharedCeiling<S> {
-        SharedCeiling {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
-
-/// Takes the shared slot, calls the inner service, moves the lease into the body.
-#[derive(Clone, Debug)]
-pub struct SharedCeiling<S> {
-    inner: S,
-    layer: SharedCeilingLayer,
-}
-
-impl<S, B> Service<Request<B>> for SharedCeiling<S>
-where
-    S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = Response<GatewayBody>;
-    type Error = GatewayError;
-    type Future = BoxFuture<Result<Response<GatewayBody>, GatewayError>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let Some(shared) = self.layer.shared.clone() else {
-            return Box::pin(self.inner.call(req));
+impl<B: Send + 'static> Around<B> for SharedCeiling {
+    fn around<S>(&self, req: Request<B>, mut inner: S) -> Answer
+    where
+        S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        let Some(shared) = self.shared.clone() else {
+            return Box::pin(inner.call(req));
         };
         let class = req
             .extensions()
@@ -96,13 +68,11 @@ where
             .get::<QueueTime>()
             .map_or(Duration::ZERO, |q| q.0);
         let arrival = req.extensions().get::<Arrival>().cloned();
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
         if let Some(lease) = arrival.as_ref().and_then(Arrival::take_lease) {
-            return Box::pin(async move { held(inner.oneshot(req).await?, lease, Duration::ZERO) });
+            return Box::pin(async move { held(inner.call(req).await?, lease, Duration::ZERO) });
         }
-        let wait_max = self.layer.policy.current().policy.admission.queue_wait_max;
-        let max = self.layer.admission.snapshot().active_max;
+        let wait_max = self.policy.current().policy.admission.queue_wait_max;
+        let max = self.admission.snapshot().active_max;
         Box::pin(async move {
             let started = tokio::time::Instant::now();
             let lease = match shared

@@ -5,12 +5,14 @@
 //! - [`keys`]: the key names, all under the deployment's hash tag `{prefix}`.
 //! - [`health`]: the bound on every call, up/down, and the fault counters.
 //! - [`store`]: the connection, its probe, and the pub/sub that wakes local waiters.
-//! - [`rate`], [`budget`]: the GCRA and the token budget as atomic Lua scripts, read at the
-//!   admission check (check and update in one step on Redis's clock).
+//! - [`arrive`]: a request's one script on arrival: its tenant's GCRA ([`rate`]) and token
+//!   budget's charge ([`budget`]), and a try at the ceiling's lease, checked and updated in one
+//!   step on Redis's clock.
 //! - [`ceiling`]: slots as leases with a TTL, renewed while a request runs; [`hold`] is the
-//!   layer that takes one after the local admission slot (unless the budget's charge took it
-//!   on arrival, in the same script) and keeps it in the response body.
-//! - [`finish`]: a request's charge settled and its lease given back in one script.
+//!   layer that takes one after the local admission slot (unless the arrival took it) and
+//!   keeps it in the response body.
+//! - [`finish`]: a request's charge settled and its lease given back in one script: with the
+//!   arrival, two calls a request.
 //! - [`capacity`]: with `fail = "local"`, the local ceiling falls to the gateway's share while
 //!   Redis is away.
 //!
@@ -20,6 +22,7 @@
 //! too, but brings its own reconnection and pooling policy, which is what [`health`] must own
 //! to keep every call under `shared.timeout`.
 
+pub mod arrive;
 pub mod budget;
 pub mod capacity;
 pub mod ceiling;
@@ -40,10 +43,11 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use tokio::sync::Notify;
 
+pub use arrive::{Arrived, Ask, Refused};
 pub use budget::Arrival;
 pub use ceiling::Lease;
 pub use health::{Health, Unavailable};
-pub use hold::SharedCeilingLayer;
+pub use rate::Rate;
 
 use crate::error::GatewayError;
 use crate::middleware::admission::Admission;
@@ -65,6 +69,8 @@ pub struct Shared {
     freed: Arc<Notify>,
     /// This gateway's leases, renewed together.
     leases: Registry,
+    /// The shared GCRA's refusals still in force, answered without Redis.
+    refusals: rate::Refusals,
     /// This process's name in lease and charge ids.
     instance: String,
     next_id: AtomicU64,
@@ -105,6 +111,7 @@ impl Shared {
             ceiling,
             freed: Arc::default(),
             leases: Registry::default(),
+            refusals: rate::Refusals::default(),
             instance: instance_name(),
             next_id: AtomicU64::new(0),
             admission: OnceLock::new(),
@@ -144,8 +151,8 @@ impl Shared {
         self.health().is_up()
     }
 
-    /// Lets the budget's charge on arrival try for the lease as well while `admission` has
-    /// a free slot and nobody queued (the request will hold its local slot at once).
+    /// Lets the arrival's script try for the lease as well while `admission` has a free slot
+    /// and nobody queued (the request will hold its local slot at once).
     pub fn watch_admission(&self, admission: &Arc<Admission>) {
         let _ = self.admission.set(Arc::downgrade(admission));
     }

@@ -1,8 +1,8 @@
 //! The Lua scripts, loaded once per process (`EVALSHA`, `EVAL` when Redis lost them).
 //!
 //! Each file under `lua/` defines one local function (`gcra`, `budget_charge`, ...); a script is
-//! the functions it needs and one `return` line, so the combined scripts a request uses on
-//! arrival (`arrive`: charge + lease) and at its end (`finish`: settle + release) run the
+//! the functions it needs and a short body that calls them, so the combined scripts a request uses on
+//! arrival (`arrive`: rate + charge + lease) and at its end (`finish`: settle + release) run the
 //! same code as the single ones, in one round trip.
 
 use std::sync::LazyLock;
@@ -41,9 +41,6 @@ fn single(function: &str, name: &str) -> Script {
     script(&[function], &format!("return {name}(KEYS, ARGV)\n"))
 }
 
-pub static GCRA: LazyLock<Script> = LazyLock::new(|| single(GCRA_FN, "gcra"));
-pub static BUDGET_CHARGE: LazyLock<Script> =
-    LazyLock::new(|| single(BUDGET_CHARGE_FN, "budget_charge"));
 pub static BUDGET_SETTLE: LazyLock<Script> =
     LazyLock::new(|| single(BUDGET_SETTLE_FN, "budget_settle"));
 pub static CEILING_ACQUIRE: LazyLock<Script> =
@@ -52,10 +49,10 @@ pub static CEILING_RENEW: LazyLock<Script> =
     LazyLock::new(|| single(CEILING_RENEW_FN, "ceiling_renew"));
 pub static CEILING_RELEASE: LazyLock<Script> =
     LazyLock::new(|| single(CEILING_RELEASE_FN, "ceiling_release"));
-/// The charge, and a try at a lease (`lua/arrive.lua`).
+/// The rate, the charge and a try at a lease, whichever apply (`lua/arrive.lua`).
 pub static ARRIVE: LazyLock<Script> = LazyLock::new(|| {
     script(
-        &[BUDGET_CHARGE_FN, CEILING_ACQUIRE_FN],
+        &[GCRA_FN, BUDGET_CHARGE_FN, CEILING_ACQUIRE_FN],
         include_str!("lua/arrive.lua"),
     )
 });

@@ -2,6 +2,7 @@
 //! answers (nothing listens on port 1), so every decision goes by `fail`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::Shared;
 use crate::policy::{Policy, SharedFail, UpstreamKind};
@@ -24,4 +25,13 @@ pub fn unreachable(fail: SharedFail) -> Arc<Shared> {
     Shared::start(&unreachable_policy(fail))
         .expect("a valid URL")
         .expect("[shared] on")
+}
+
+/// Makes `shared` remember that `tenant`'s bucket of `per_second` and `burst` refuses for
+/// `wait` (as an arrival's script would have said).
+pub fn refused(shared: &Shared, tenant: &str, per_second: f64, burst: u32, wait: Duration) {
+    let rate = super::Rate::new(per_second, burst);
+    shared
+        .refusals
+        .note(tenant, rate, tokio::time::Instant::now() + wait);
 }

@@ -86,6 +86,15 @@ impl Redis {
         panic!("redis-server on port {} did not answer PING", self.port);
     }
 
+    /// A client connection, for the tests to look inside.
+    async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to redis")
+    }
+
     async fn ping(&self) -> bool {
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)).await else {
             return false;
@@ -483,24 +492,139 @@ async fn a_token_budget_shared_by_two_gateways_stays_within_five_percent() {
         let gone = gauge_becomes(gw, "sluice_shared_leases", 0.0, Duration::from_secs(2)).await;
         assert!(gone.is_some(), "a lease outlived its request");
     }
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut left = leases_in_redis(&redis, "budget").await;
-    while left > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        left = leases_in_redis(&redis, "budget").await;
-    }
+    let left = leases_left(&redis, "budget").await;
     assert_eq!(left, 0, "leases left in Redis after every request ended");
     a.shutdown().await;
     b.shutdown().await;
 }
 
+/// `command`'s calls Redis answered since its stats were last reset (`INFO commandstats`:
+/// the calls less the failed and rejected ones, such as a script's first `NOSCRIPT`).
+async fn answered(redis: &Redis, command: &str) -> u64 {
+    let mut conn = redis.connection().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    let prefix = format!("cmdstat_{command}:");
+    let Some(line) = info.lines().find_map(|l| l.strip_prefix(&prefix)) else {
+        return 0;
+    };
+    let field = |name: &str| -> u64 {
+        line.split(',')
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or(0)
+    };
+    field("calls") - field("failed_calls") - field("rejected_calls")
+}
+
+async fn reset_stats(redis: &Redis) {
+    let mut conn = redis.connection().await;
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG RESETSTAT");
+}
+
+#[tokio::test]
+async fn a_request_makes_two_redis_calls_and_a_standing_refusal_none() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let up = instant_upstream(2).await;
+    let mut p = shared_policy(&redis, "calls", vec![up.url.clone()], 4);
+    // No renewal within the test (every third of the TTL).
+    p.shared.lease_ttl = Duration::from_secs(60);
+    let mut all = tenant("all", "sk-all");
+    all.requests_per_second = Some(10_000.0);
+    all.burst = 1000;
+    all.tokens_per_minute = Some(100_000_000);
+    let mut rate = tenant("rate", "sk-rate");
+    rate.requests_per_second = Some(10_000.0);
+    rate.burst = 1000;
+    let open = tenant("open", "sk-open");
+    let mut slow = tenant("slow", "sk-slow");
+    slow.requests_per_second = Some(1.0);
+    slow.burst = 1;
+    p.tenants = vec![all, rate, open, slow];
+    let gw = Gateway::start_replicas(p).await;
+    assert!(
+        gw.app
+            .shared
+            .as_ref()
+            .expect("shared")
+            .wait_up(Duration::from_secs(5))
+            .await
+    );
+    let mut send = h2_connection(gw.addr).await;
+    // Rate, budget and lease (all); rate and lease (rate); the lease alone (open): one call on
+    // arrival and one at the end, each.
+    let n = 40;
+    for key in ["sk-all", "sk-rate", "sk-open"] {
+        // The first request loads the scripts (a NOSCRIPT answer, then the script itself).
+        let (status, text, _) = h2_post(&mut send, gw.addr, Some(key), &chat()).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert_eq!(leases_left(&redis, "calls").await, 0);
+        reset_stats(&redis).await;
+        for _ in 0..n {
+            let (status, text, _) = h2_post(&mut send, gw.addr, Some(key), &chat()).await;
+            assert_eq!(status, StatusCode::OK, "{key}: {text}");
+        }
+        // The end's call goes in the background: wait for every lease to be back.
+        assert_eq!(leases_left(&redis, "calls").await, 0, "{key}: leases left");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let calls = answered(&redis, "evalsha").await;
+        eprintln!("{key}: {n} requests, {calls} EVALSHA answered");
+        assert_eq!(calls, 2 * n as u64, "{key}: two scripts a request");
+        assert_eq!(
+            answered(&redis, "publish").await,
+            0,
+            "{key}: below the ceiling"
+        );
+    }
+    // A tenant past its rate: Redis refuses once, then the gateway answers the refusal alone
+    // (before parsing and counting) until the time Redis named.
+    reset_stats(&redis).await;
+    let (mut ok, mut limited) = (0, 0);
+    for _ in 0..n {
+        let (status, text, _) = h2_post(&mut send, gw.addr, Some("sk-slow"), &chat()).await;
+        match status {
+            StatusCode::OK => ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert!(text.contains("rate_limit_exceeded"), "{text}");
+                limited += 1;
+            }
+            s => panic!("{s}: {text}"),
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let calls = answered(&redis, "evalsha").await;
+    eprintln!("past the rate: {ok} admitted, {limited} limited, {calls} EVALSHA answered");
+    assert!(ok >= 1 && limited >= n - 2, "{ok} admitted of {n} at 1/s");
+    assert!(
+        calls <= 3 * ok as u64,
+        "{calls} calls: two per admitted request and at most one refusal after each"
+    );
+    gw.shutdown().await;
+}
+
+/// The leases left in Redis under `prefix` once they stop going (at most 2 s): the end's
+/// call goes in the background, after the response.
+async fn leases_left(redis: &Redis, prefix: &str) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut left = leases_in_redis(redis, prefix).await;
+    while left > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        left = leases_in_redis(redis, prefix).await;
+    }
+    left
+}
+
 /// The leases held in Redis under `prefix`, every upstream's.
 async fn leases_in_redis(redis: &Redis, prefix: &str) -> usize {
-    let client = redis::Client::open(redis.url()).expect("redis url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect to redis");
+    let mut conn = redis.connection().await;
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{{{prefix}}}:ceiling:*:leases"))
         .query_async(&mut conn)

@@ -5,6 +5,7 @@ use http_body_util::BodyExt;
 
 use super::*;
 use crate::body;
+use crate::middleware::around::AroundLayer;
 
 #[tokio::test(start_paused = true)]
 async fn charges_on_arrival_so_concurrent_requests_cannot_overshoot() {
@@ -69,24 +70,32 @@ async fn usage_in_the_response_settles_the_charge() {
     assert!(budgets.charge("alice", 1000, 1).is_err());
 }
 
-/// The layer over a service that answers 200 with an empty body, for one request of
-/// `needed` prompt tokens from a tenant of `budget` tokens per minute.
-async fn through(layer: &BudgetLayer, budget: u64, needed: usize) -> Result<(), GatewayError> {
-    use tower::{Layer, ServiceExt};
-    let svc = layer.layer(tower::service_fn(|_req: Request<()>| async {
-        Ok::<_, GatewayError>(Response::new(body::full("")))
-    }));
-    let mut req = Request::new(());
-    let tenant = crate::policy::Tenant {
+/// Alice, with a rate limit of `rate` and `burst`, and a budget of `budget` per minute.
+fn alice(rate: Option<f64>, burst: u32, budget: Option<u64>) -> crate::policy::Tenant {
+    crate::policy::Tenant {
         name: "alice".into(),
         api_key_sha256: "0".repeat(64),
         class: crate::policy::Class::Interactive,
-        requests_per_second: None,
-        burst: 1,
-        tokens_per_minute: Some(budget),
-    };
+        requests_per_second: rate,
+        burst,
+        tokens_per_minute: budget,
+    }
+}
+
+/// The layer over a service that answers 200 with an empty body, for one request of
+/// `needed` prompt tokens from `tenant`.
+async fn through(
+    stage: &Budget,
+    tenant: &crate::policy::Tenant,
+    needed: usize,
+) -> Result<(), GatewayError> {
+    use tower::{Layer, ServiceExt};
+    let svc = AroundLayer::new(stage.clone()).layer(tower::service_fn(|_req: Request<()>| async {
+        Ok::<_, GatewayError>(Response::new(body::full("")))
+    }));
+    let mut req = Request::new(());
     req.extensions_mut().insert(Caller {
-        tenant: Some(Arc::new(tenant)),
+        tenant: Some(Arc::new(tenant.clone())),
         class: crate::policy::Class::Interactive,
     });
     req.extensions_mut().insert(PromptTokens(needed));
@@ -96,22 +105,55 @@ async fn through(layer: &BudgetLayer, budget: u64, needed: usize) -> Result<(), 
 #[tokio::test(start_paused = true)]
 async fn redis_away_fail_local_charges_the_gateways_share_of_the_budget() {
     let shared = crate::shared::testing::unreachable(crate::policy::SharedFail::Local);
-    let layer = BudgetLayer::new(Some(shared));
+    let stage = Budget::new(Some(shared));
     // 1,000 per minute over 2 replicas: 500 for this gateway alone.
-    through(&layer, 1000, 400).await.expect("first");
-    match through(&layer, 1000, 400).await {
+    let t = alice(None, 1, Some(1000));
+    through(&stage, &t, 400).await.expect("first");
+    match through(&stage, &t, 400).await {
         Err(GatewayError::TokenBudget { budget, .. }) => assert_eq!(budget, 500),
         other => panic!("expected 429, got {other:?}"),
     }
 }
 
 #[tokio::test(start_paused = true)]
+async fn redis_away_fail_local_takes_the_rates_share_then_the_budgets() {
+    let shared = crate::shared::testing::unreachable(crate::policy::SharedFail::Local);
+    let stage = Budget::new(Some(shared.clone()));
+    // 10/s with a burst of 4 and 1,000 tokens a minute over 2 replicas: this gateway alone
+    // gets 5/s, a burst of 2 and 500 tokens.
+    let both = alice(Some(10.0), 4, Some(1000));
+    through(&stage, &both, 500).await.expect("rate and budget");
+    assert!(matches!(
+        through(&stage, &both, 1).await,
+        Err(GatewayError::TokenBudget { budget: 500, .. })
+    ));
+    assert!(matches!(
+        through(&stage, &both, 1).await,
+        Err(GatewayError::RateLimited { .. })
+    ));
+    assert_eq!(
+        shared.report().degraded,
+        3,
+        "one arrival, one decision each"
+    );
+    // Without a budget the rate limit's stage asks, not this one.
+    through(&stage, &alice(Some(10.0), 4, None), 10)
+        .await
+        .expect("not this stage's");
+    assert_eq!(shared.report().degraded, 3);
+}
+
+#[tokio::test(start_paused = true)]
 async fn redis_away_fail_closed_refuses_with_shared_state_unavailable() {
     let shared = crate::shared::testing::unreachable(crate::policy::SharedFail::Closed);
-    let layer = BudgetLayer::new(Some(shared));
-    let err = through(&layer, 1000, 10).await.expect_err("refused");
-    assert!(
-        matches!(err, GatewayError::SharedStateUnavailable(_)),
-        "{err:?}"
-    );
+    let stage = Budget::new(Some(shared));
+    for t in [alice(None, 1, Some(1000)), alice(Some(10.0), 4, Some(1000))] {
+        let err = through(&stage, &t, 10).await.expect_err("refused");
+        assert!(
+            matches!(err, GatewayError::SharedStateUnavailable(_)),
+            "{err:?}"
+        );
+        assert_eq!(err.class().status, http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(err.code(), "shared_state_unavailable");
+    }
 }

@@ -86,42 +86,72 @@ fn a_new_quota_replaces_the_old_bucket() {
     }
 }
 
-/// The layer over a service that answers `()`, for one request of `c`.
-async fn through(layer: &RateLimitLayer, c: &Caller) -> Result<(), GatewayError> {
+#[tokio::test(start_paused = true)]
+async fn shared_it_answers_only_a_standing_refusal_of_redis() {
+    let shared = crate::shared::testing::unreachable(crate::policy::SharedFail::Closed);
+    let limit = RateLimit::new(Some(shared.clone()));
+    let c = caller(Some(10.0), 1);
+    for _ in 0..5 {
+        check(&limit, &c).expect("left to the arrival's script");
+    }
+    crate::shared::testing::refused(&shared, "alice", 10.0, 1, Duration::from_millis(60));
+    match check(&limit, &c) {
+        Err(GatewayError::RateLimited { retry_after, .. }) => {
+            assert_eq!(retry_after, Duration::from_millis(60));
+        }
+        other => panic!("expected 429, got {other:?}"),
+    }
+    tokio::time::advance(Duration::from_millis(60)).await;
+    check(&limit, &c).expect("over: Redis is asked again");
+    assert_eq!(shared.report().degraded, 0, "no Redis call, no fallback");
+}
+
+/// The stage over a service that answers 200, for one request of `c`.
+async fn through(limit: &RateLimit, c: &Caller) -> Result<(), GatewayError> {
     use tower::{Layer, ServiceExt};
-    let svc = layer.layer(tower::service_fn(|_req: Request<()>| async {
-        Ok::<_, GatewayError>(())
-    }));
+    let svc = crate::middleware::around::AroundLayer::new(limit.clone()).layer(tower::service_fn(
+        |_req: Request<()>| async {
+            Ok::<_, GatewayError>(http::Response::new(crate::body::full("")))
+        },
+    ));
     let mut req = Request::new(());
     req.extensions_mut().insert(c.clone());
-    svc.oneshot(req).await
+    svc.oneshot(req).await.map(drop)
 }
 
 #[tokio::test(start_paused = true)]
 async fn redis_away_fail_local_takes_the_gateways_share_of_the_bucket() {
     let shared = crate::shared::testing::unreachable(crate::policy::SharedFail::Local);
-    let layer = RateLimitLayer::new(Some(shared.clone()));
+    let limit = RateLimit::new(Some(shared.clone()));
     // 10/s with a burst of 4 over 2 replicas: this gateway alone gets 5/s and a burst of 2.
     let c = caller(Some(10.0), 4);
-    through(&layer, &c).await.expect("first");
-    through(&layer, &c).await.expect("second");
-    match through(&layer, &c).await {
+    through(&limit, &c).await.expect("first");
+    through(&limit, &c).await.expect("second");
+    match through(&limit, &c).await {
         Err(GatewayError::RateLimited { retry_after, .. }) => {
             assert!(retry_after <= Duration::from_millis(200), "{retry_after:?}");
         }
         other => panic!("expected 429, got {other:?}"),
     }
     assert_eq!(shared.report().degraded, 3);
-    // A tenant without a rate never needs the shared state.
-    through(&layer, &caller(None, 1)).await.expect("unlimited");
+    // A tenant without a rate never needs the shared state, nor one with a budget here (its
+    // rate goes with the budget's charge, after counting).
+    through(&limit, &caller(None, 1)).await.expect("unlimited");
+    let mut budgeted = caller(Some(10.0), 4);
+    if let Some(t) = budgeted.tenant.as_mut() {
+        Arc::make_mut(t).tokens_per_minute = Some(1000);
+    }
+    through(&limit, &budgeted)
+        .await
+        .expect("the budget's stage asks");
     assert_eq!(shared.report().degraded, 3);
 }
 
 #[tokio::test(start_paused = true)]
 async fn redis_away_fail_closed_refuses_with_shared_state_unavailable() {
     let shared = crate::shared::testing::unreachable(crate::policy::SharedFail::Closed);
-    let layer = RateLimitLayer::new(Some(shared));
-    let err = through(&layer, &caller(Some(10.0), 4))
+    let limit = RateLimit::new(Some(shared));
+    let err = through(&limit, &caller(Some(10.0), 4))
         .await
         .expect_err("refused");
     assert!(
