@@ -51,7 +51,7 @@ impl History {
         self.pairs.push_back(pair);
     }
 
-    fn recent(&self, now: Instant) -> impl Iterator<Item = &Pair> {
+    fn recent(&self, now: Instant) -> impl DoubleEndedIterator<Item = &Pair> {
         self.pairs
             .iter()
             .filter(move |p| now.saturating_duration_since(p.at) <= MAX_AGE)
@@ -65,6 +65,28 @@ impl History {
         }
         errs.sort_by(f64::total_cmp);
         Some(errs[errs.len() / 2])
+    }
+
+    /// How much later than predicted the last `n` recent first tokens came: the `q` quantile
+    /// of (actual − predicted) / max(predicted, 1 s) (`None` without any). The floor keeps a
+    /// quiet upstream's 50 ms first tokens, twice their 25 ms prediction, from counting as
+    /// the model being 100% short.
+    pub fn shortfall(&self, now: Instant, n: usize, q: f64) -> Option<f64> {
+        let mut late: Vec<f64> = self
+            .recent(now)
+            .rev()
+            .take(n)
+            .map(|p| {
+                let predicted = p.predicted.as_secs_f64();
+                (p.actual.as_secs_f64() - predicted) / predicted.max(1.0)
+            })
+            .collect();
+        if late.is_empty() {
+            return None;
+        }
+        late.sort_by(f64::total_cmp);
+        let i = ((late.len() as f64 * q).ceil() as usize).clamp(1, late.len()) - 1;
+        Some(late[i])
     }
 
     /// The recent pairs, oldest first.

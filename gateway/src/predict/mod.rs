@@ -4,17 +4,20 @@
 //!   policy and refitted online.
 //! - [`fit`]: the online least squares behind it.
 //! - [`busy`]: the time some prefill ran, which decode observations leave out.
-//! - [`simulate`]: the upstream played forward under the model: a request's predicted time to
-//!   first token from the work running and the queue ahead of it.
+//! - [`gate`]: the grant rule and order, shared by admission's dispatch and the simulation.
+//! - [`simulate`]: the upstream played forward under the model: every waiter's predicted time
+//!   to first token from the work running and the queue around it.
 //! - [`history`]: predicted against actual, for the error gauge and the status page's chart.
 
 pub mod busy;
 pub mod fit;
+pub mod gate;
 pub mod history;
 pub mod model;
 pub mod simulate;
 
 pub use busy::PrefillClock;
+pub use gate::{interactive_waiting, next_granted, Ask, Gate, Held, Place, Share};
 pub use history::{History, Pair, Point};
 pub use model::{CostModel, Parameters, DECODE_TERMS, PREFILL_TERMS};
-pub use simulate::{time_to_first_token, Gate, Pending, Running};
+pub use simulate::{first_tokens, Group, Pending, Running, Scene};

@@ -1,14 +1,14 @@
-//! The prediction: the upstream played forward under the cost model until a request's first
+//! The prediction: the upstream played forward under the cost model until every waiter's first
 //! token.
 //!
 //! The running requests prefill one after another (oldest first), then decode together, one
-//! token each per step, until one finishes and frees its slot; waiters are admitted in the
-//! order admission would grant them, under the same two limits (`active_max` and the prefill
-//! tokens in flight). Time jumps from event to event, so a prediction costs a few dozen steps
-//! however long the outputs are.
+//! token each per step, until one finishes and frees its slot; waiters are granted in the
+//! order admission grants them, under the same rule ([`super::gate`]): one function answers
+//! both an arrival and a waiter's re-check, so the two agree unless the upstream turns out
+//! slower than the model. Time jumps from event to event, so a prediction costs a few dozen
+//! steps however long the outputs are.
 
-use std::collections::VecDeque;
-
+use super::gate::{interactive_waiting, next_granted, Ask, Gate, Held, Place, Share};
 use super::model::CostModel;
 
 /// A request holding a slot.
@@ -19,110 +19,192 @@ pub struct Running {
     pub prefill_left: f64,
     /// Tokens it is still expected to generate.
     pub output_left: f64,
+    /// Its tenant in its class, an index into [`Scene::groups`].
+    pub group: usize,
+    pub heavy: bool,
 }
 
-/// A request not yet holding a slot.
+/// A request waiting for a slot.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Pending {
     pub prompt: usize,
     /// Tokens it is expected to generate.
     pub output: f64,
+    pub group: usize,
+    pub batch: bool,
+    pub heavy: bool,
+    /// Arrival order, and the waiter it yields to ([`Place`]).
+    pub seq: u64,
+    pub yields_to: Option<u64>,
 }
 
-/// The admission limits the simulated queue is granted under.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Gate {
-    pub active_max: usize,
-    pub prefill_tokens_max: usize,
+/// A tenant in a class: its virtual token counter and the other tenants present beside it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Group {
+    pub counter: f64,
+    pub others: usize,
 }
 
-/// When events happen: the steps of a prediction are bounded (a queue of a few dozen waiters
-/// needs one per grant, prefill and completion).
+/// What the prediction starts from: the limits, the running requests (in grant order), the
+/// waiters (in any order) and the tenants' counters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scene {
+    pub gate: Gate,
+    /// What an output token adds to its tenant's counter.
+    pub output_weight: f64,
+    pub groups: Vec<Group>,
+    pub running: Vec<Running>,
+    pub queue: Vec<Pending>,
+}
+
+/// The steps of a prediction are bounded (a queue of a few dozen waiters needs one per grant,
+/// prefill and completion).
 const STEPS_MAX: usize = 10_000;
 
-/// Seconds from now until `me`'s first token, when `ahead` are granted before it.
-pub fn time_to_first_token(
-    model: &CostModel,
-    gate: Gate,
-    running: &[Running],
-    ahead: &[Pending],
-    me: Pending,
-) -> f64 {
-    let mut run: Vec<(Running, bool)> = running.iter().map(|r| (*r, false)).collect();
-    let mut queue: VecDeque<(Pending, bool)> = ahead.iter().map(|p| (*p, false)).collect();
-    queue.push_back((me, true));
+/// A running request in the simulation, and which waiter it was (if one).
+#[derive(Clone, Copy)]
+struct Slot {
+    r: Running,
+    waiter: Option<usize>,
+}
+
+/// Seconds from now until each of `scene.queue`'s first token, in the queue's order.
+pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
+    let gate = scene.gate;
+    let mut counters: Vec<f64> = scene.groups.iter().map(|g| g.counter).collect();
+    let mut run: Vec<Slot> = scene
+        .running
+        .iter()
+        .map(|r| Slot {
+            r: *r,
+            waiter: None,
+        })
+        .collect();
+    let mut queue: Vec<(Pending, usize)> = scene.queue.iter().copied().zip(0..).collect();
+    let mut out = vec![f64::NAN; queue.len()];
+    let mut left = queue.len();
     let mut t = 0.0;
     for _ in 0..STEPS_MAX {
-        // Grants, in order, while the front fits.
-        while let Some(&(front, is_me)) = queue.front() {
-            let prefilling: usize = run
-                .iter()
-                .filter(|(r, _)| r.prefill_left > 0.0)
-                .map(|(r, _)| r.prompt)
-                .sum();
-            let slot = run.len() < gate.active_max.max(1);
-            let budget = prefilling == 0 || prefilling + front.prompt <= gate.prefill_tokens_max;
-            if !(slot && budget) {
-                break;
-            }
-            queue.pop_front();
-            let context = context_of(&run);
-            let prefill_left = model.prefill(front.prompt, context).max(1e-6);
-            run.push((
-                Running {
-                    prompt: front.prompt,
-                    prefill_left,
-                    output_left: front.output.max(1.0),
-                },
-                is_me,
-            ));
+        // Grants, as admission's dispatch makes them, while one may run.
+        while let Some(i) = next(&gate, &scene.groups, &counters, &run, &queue) {
+            let (p, k) = queue.remove(i);
+            grant(model, &mut run, &mut counters, p, k);
         }
-        // The oldest prefill runs next.
-        if let Some(i) = run.iter().position(|(r, _)| r.prefill_left > 0.0) {
-            t += run[i].0.prefill_left;
-            run[i].0.prefill_left = 0.0;
-            if run[i].1 {
-                return t;
+        if left == 0 {
+            break;
+        }
+        // The oldest prefill runs next; its first token is its first output token.
+        if let Some(i) = run.iter().position(|s| s.r.prefill_left > 0.0) {
+            t += run[i].r.prefill_left;
+            run[i].r.prefill_left = 0.0;
+            if let Some(k) = run[i].waiter {
+                out[k] = t;
+                left -= 1;
             }
-            // Its first token is its first output token.
-            run[i].0.output_left -= 1.0;
-            run.retain(|(r, _)| r.output_left > 0.0);
+            run[i].r.output_left -= 1.0;
+            counters[run[i].r.group] += scene.output_weight;
+            run.retain(|s| s.r.output_left > 0.0);
             continue;
         }
         if run.is_empty() {
-            // Nothing runs yet the front does not fit: it would run alone.
-            let Some((front, is_me)) = queue.pop_front() else {
-                return t;
+            // Nothing runs, yet no waiter may: the first in order runs alone.
+            let places: Vec<(Place, bool)> = queue
+                .iter()
+                .map(|(p, _)| (place(p, &counters), true))
+                .collect();
+            let Some(i) = next_granted(&places) else {
+                break;
             };
-            run.push((
-                Running {
-                    prompt: front.prompt,
-                    prefill_left: model.prefill(front.prompt, 0).max(1e-6),
-                    output_left: front.output.max(1.0),
-                },
-                is_me,
-            ));
+            let (p, k) = queue.remove(i);
+            grant(model, &mut run, &mut counters, p, k);
             continue;
         }
         // Everyone decodes until the next one finishes.
         let steps = run
             .iter()
-            .map(|(r, _)| r.output_left)
+            .map(|s| s.r.output_left)
             .fold(f64::INFINITY, f64::min)
             .max(0.0)
             .ceil();
         t += steps * model.decode_step(run.len(), context_of(&run));
-        for (r, _) in &mut run {
-            r.output_left -= steps;
-            r.prompt += steps as usize;
+        for s in &mut run {
+            s.r.output_left -= steps;
+            s.r.prompt += steps as usize;
+            counters[s.r.group] += scene.output_weight * steps;
         }
-        run.retain(|(r, _)| r.output_left > 0.0);
+        run.retain(|s| s.r.output_left > 0.0);
     }
-    t
+    out.into_iter()
+        .map(|v| if v.is_nan() { t } else { v })
+        .collect()
 }
 
-fn context_of(run: &[(Running, bool)]) -> usize {
-    run.iter().map(|(r, _)| r.prompt).sum()
+fn place(p: &Pending, counters: &[f64]) -> Place {
+    Place {
+        batch: p.batch,
+        counter: counters[p.group],
+        seq: p.seq,
+        yields_to: p.yields_to,
+    }
+}
+
+/// The waiter granted next, under the rule admission's dispatch follows.
+fn next(
+    gate: &Gate,
+    groups: &[Group],
+    counters: &[f64],
+    run: &[Slot],
+    queue: &[(Pending, usize)],
+) -> Option<usize> {
+    let prefilling = run.iter().filter(|s| s.r.prefill_left > 0.0);
+    let order: Vec<Place> = queue.iter().map(|(p, _)| place(p, counters)).collect();
+    let held = Held {
+        active: run.len(),
+        heavy_prefilling: prefilling.clone().filter(|s| s.r.heavy).count(),
+        prefill_tokens: prefilling.map(|s| s.r.prompt).sum(),
+        interactive_waiting: interactive_waiting(&order),
+    };
+    let places: Vec<(Place, bool)> = queue
+        .iter()
+        .zip(order)
+        .map(|((p, _), place)| {
+            let mine = run.iter().filter(|s| s.r.group == p.group);
+            let share = Share {
+                others: groups[p.group].others,
+                slots: mine.clone().count(),
+                prefill_tokens: mine
+                    .filter(|s| s.r.prefill_left > 0.0)
+                    .map(|s| s.r.prompt)
+                    .sum(),
+            };
+            let ask = Ask {
+                batch: p.batch,
+                heavy: p.heavy,
+                prompt: p.prompt,
+            };
+            (place, gate.admits(&held, &share, &ask))
+        })
+        .collect();
+    next_granted(&places)
+}
+
+fn grant(model: &CostModel, run: &mut Vec<Slot>, counters: &mut [f64], p: Pending, waiter: usize) {
+    counters[p.group] += p.prompt as f64;
+    let prefill_left = model.prefill(p.prompt, context_of(run)).max(1e-6);
+    run.push(Slot {
+        r: Running {
+            prompt: p.prompt,
+            prefill_left,
+            output_left: p.output.max(1.0),
+            group: p.group,
+            heavy: p.heavy,
+        },
+        waiter: Some(waiter),
+    });
+}
+
+fn context_of(run: &[Slot]) -> usize {
+    run.iter().map(|s| s.r.prompt).sum()
 }
 
 #[cfg(test)]
@@ -147,7 +229,47 @@ mod tests {
     const GATE: Gate = Gate {
         active_max: 2,
         prefill_tokens_max: 8192,
+        heavy_active_max: 1,
     };
+
+    fn running(prompt: usize, prefill_left: f64, output_left: f64) -> Running {
+        Running {
+            prompt,
+            prefill_left,
+            output_left,
+            group: 0,
+            heavy: false,
+        }
+    }
+
+    fn pending(seq: u64, prompt: usize, output: f64) -> Pending {
+        Pending {
+            prompt,
+            output,
+            group: 0,
+            batch: false,
+            heavy: prompt > 4096,
+            seq,
+            yields_to: None,
+        }
+    }
+
+    fn scene(gate: Gate, running: &[Running], queue: &[Pending]) -> Scene {
+        Scene {
+            gate,
+            output_weight: 1.0,
+            groups: vec![Group::default(); 2],
+            running: running.to_vec(),
+            queue: queue.to_vec(),
+        }
+    }
+
+    /// The last waiter's time to first token.
+    fn last(gate: Gate, running: &[Running], queue: &[Pending]) -> f64 {
+        *first_tokens(&model(), &scene(gate, running, queue))
+            .last()
+            .expect("a waiter")
+    }
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-6
@@ -155,78 +277,76 @@ mod tests {
 
     #[test]
     fn an_idle_upstream_costs_only_the_prefill() {
-        let m = model();
-        let me = Pending {
-            prompt: 500,
-            output: 100.0,
-        };
-        assert!(close(time_to_first_token(&m, GATE, &[], &[], me), 0.5));
+        assert!(close(last(GATE, &[], &[pending(0, 500, 100.0)]), 0.5));
     }
 
     #[test]
     fn prefills_ahead_come_first_and_a_full_upstream_waits_for_a_finish() {
-        let m = model();
-        let me = Pending {
-            prompt: 1000,
-            output: 10.0,
-        };
+        let me = pending(9, 1000, 10.0);
         // One running, 2 s of prefill left: it goes first.
-        let busy = [Running {
-            prompt: 2000,
-            prefill_left: 2.0,
-            output_left: 50.0,
-        }];
-        assert!(close(time_to_first_token(&m, GATE, &busy, &[], me), 3.0));
+        let busy = [running(2000, 2.0, 50.0)];
+        assert!(close(last(GATE, &busy, &[me]), 3.0));
         // Both slots decoding, 30 and 80 tokens left: the first frees in 0.3 s.
-        let full = [
-            Running {
-                prompt: 100,
-                prefill_left: 0.0,
-                output_left: 30.0,
-            },
-            Running {
-                prompt: 100,
-                prefill_left: 0.0,
-                output_left: 80.0,
-            },
-        ];
-        assert!(close(time_to_first_token(&m, GATE, &full, &[], me), 1.3));
+        let full = [running(100, 0.0, 30.0), running(100, 0.0, 80.0)];
+        assert!(close(last(GATE, &full, &[me]), 1.3));
         // A waiter ahead (0.2 s prefill, 10 tokens) takes that slot; the next frees when the
-        // waiter ends: 0.3 + 0.2 + 9 steps... = 0.3 + 0.2 + 0.09, then my 1 s.
-        let ahead = [Pending {
-            prompt: 200,
-            output: 10.0,
-        }];
-        let t = time_to_first_token(&m, GATE, &full, &ahead, me);
-        assert!(close(t, 0.3 + 0.2 + 0.09 + 1.0), "{t}");
+        // waiter ends: 0.3 + 0.2 + 9 steps = 0.3 + 0.2 + 0.09, then my 1 s. Every waiter's
+        // time comes out of the one run, in the queue's order.
+        let both = first_tokens(&model(), &scene(GATE, &full, &[me, pending(1, 200, 10.0)]));
+        assert!(close(both[1], 0.5), "{both:?}");
+        assert!(close(both[0], 0.3 + 0.2 + 0.09 + 1.0), "{both:?}");
     }
 
     #[test]
     fn the_prefill_budget_holds_a_long_prompt_behind_the_ones_prefilling() {
-        let m = model();
         let gate = Gate {
             active_max: 4,
             prefill_tokens_max: 4096,
+            heavy_active_max: 1,
         };
-        let prefilling = [Running {
-            prompt: 3000,
-            prefill_left: 3.0,
-            output_left: 5.0,
-        }];
-        let me = Pending {
-            prompt: 2000,
-            output: 5.0,
-        };
+        let prefilling = [running(3000, 3.0, 5.0)];
         // 3000 + 2000 > 4096: admitted only once the first is past its prefill; serial
         // prefill makes that the same 5 s here, and a prompt larger than the budget runs alone.
         assert!(close(
-            time_to_first_token(&m, gate, &prefilling, &[], me),
+            last(gate, &prefilling, &[pending(0, 2000, 5.0)]),
             5.0
         ));
-        let huge = Pending {
-            prompt: 6000,
-            output: 5.0,
-        };
-        assert!(close(time_to_first_token(&m, gate, &[], &[], huge), 6.0));
+        assert!(close(last(gate, &[], &[pending(0, 6000, 5.0)]), 6.0));
+    }
+
+    #[test]
+    fn a_waiter_the_budget_holds_back_is_passed_as_dispatch_passes_it() {
+        // 1000 tokens prefilling; an 8000-token prompt waits for the budget, and a short one
+        // behind it goes first, as admission grants it.
+        let prefilling = [running(1000, 1.0, 5.0)];
+        let t = first_tokens(
+            &model(),
+            &scene(
+                GATE,
+                &prefilling,
+                &[pending(0, 8000, 5.0), pending(1, 100, 5.0)],
+            ),
+        );
+        assert!(close(t[1], 1.1), "{t:?}");
+        // The long one: its slot frees at 1.1 + 4 steps; the short ends its decode 0.04 s later,
+        // then 8 s of its own prefill.
+        assert!(close(t[0], 1.1 + 0.04 + 8.0), "{t:?}");
+    }
+
+    #[test]
+    fn interactive_goes_before_batch_and_a_yielder_waits_its_turn() {
+        let full = [running(100, 0.0, 10.0), running(100, 0.0, 20.0)];
+        let mut batch = pending(0, 100, 10.0);
+        batch.batch = true;
+        let interactive = pending(1, 100, 10.0);
+        // Batch never takes the last slot: it waits for both to end, after the interactive one.
+        let t = first_tokens(&model(), &scene(GATE, &full, &[batch, interactive]));
+        assert!(close(t[1], 0.1 + 0.1), "{t:?}");
+        assert!(t[0] > t[1], "{t:?}");
+        // Yielding to the batch waiter, the interactive one goes after it.
+        let mut yielder = interactive;
+        yielder.yields_to = Some(0);
+        let y = first_tokens(&model(), &scene(GATE, &full, &[batch, yielder]));
+        assert!(y[1] > y[0], "{y:?}");
     }
 }

@@ -44,6 +44,13 @@ impl Fairness {
             .count()
     }
 
+    /// Whether `tenant` was seen in `class` within [`PRESENT_FOR`].
+    pub fn present(&self, class: Class, tenant: &str) -> bool {
+        self.seen
+            .get(&(class, tenant.to_owned()))
+            .is_some_and(|at| Instant::now().saturating_duration_since(*at) <= PRESENT_FOR)
+    }
+
     /// The counter of `tenant` in `class` (0 for one never seen).
     pub fn counter(&self, class: Class, tenant: &str) -> f64 {
         self.counters

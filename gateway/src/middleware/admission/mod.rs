@@ -24,6 +24,8 @@ mod slot;
 mod wait;
 
 #[cfg(test)]
+mod agree_tests;
+#[cfg(test)]
 mod predictive_tests;
 #[cfg(test)]
 mod replay_tests;

@@ -1,21 +1,36 @@
 //! Predictive admission: each arrival's time to first token predicted from the work running
-//! and the queue ahead of it ([`crate::predict`]); refused at once when it misses its deadline,
+//! and the queue around it ([`crate::predict`]); refused at once when it misses its deadline,
 //! re-checked while it waits; and the cost model refitted from every stream.
 //!
-//! The deadline is the class's (`admission.interactive_ttft_deadline`, `batch_ttft_deadline`),
-//! lowered by `x-sluice-ttft-deadline-ms`. A prompt that cannot meet it even on an idle
-//! upstream is held to twice its idle prediction instead: served when the upstream is quiet,
-//! never refused forever.
+//! One prediction serves the arrival and the re-check ([`State::first_tokens`]: the upstream
+//! played forward under the grant rule admission itself follows), so a waiter is refused after
+//! waiting only when the upstream turned out slower than the model said.
+//!
+//! - **Deadline.** The class's (`admission.interactive_ttft_deadline`, `batch_ttft_deadline`),
+//!   lowered by `x-sluice-ttft-deadline-ms`. A prompt that cannot meet it even on an idle
+//!   upstream is held to twice its idle prediction instead: served when the upstream is quiet,
+//!   never refused forever.
+//! - **Margin.** An arrival is admitted only if its prediction, lengthened by how far recent
+//!   first tokens came later than predicted ([`State::margin`]), meets its deadline; a waiter
+//!   is refused only once the prediction itself misses. An error the model has shown recently
+//!   is then spent at arrival, not after waiting.
+//! - **Promises.** An arrival whose place in the grant order (interactive first, the
+//!   least-served tenant first) would push an admitted waiter past its deadline yields to it:
+//!   it waits behind every waiter up to that one. If it then misses its own deadline it is
+//!   refused; the waiter keeps what it was told.
 
+use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
 
 use super::flight::Flight;
-use super::queue::{State, Ticket};
+use super::queue::{State, Ticket, Waiter};
 use crate::error::GatewayError;
-use crate::predict::{self, Gate, Pair, Parameters, Pending, Point, Running};
+use crate::policy::Class;
+use crate::predict::{self, Gate, Group, Pair, Parameters, Pending, Point, Running, Scene};
 
 /// The output share assumed before any stream ended: half of `max_tokens` (low, so a cold
 /// model errs toward admitting).
@@ -24,6 +39,11 @@ pub const OUTPUT_SHARE_SEED: f64 = 0.5;
 const OUTPUT_SHARE_GAIN: f64 = 0.2;
 /// A prefill running longer than predicted is assumed to have at least this share left.
 const PREFILL_LEFT_MIN: f64 = 0.1;
+/// The margin is the [`MARGIN_QUANTILE`] of the last [`MARGIN_PAIRS`] first tokens' lateness,
+/// at most [`MARGIN_MAX`] (beyond that the model is wrong, not noisy: its refit is the fix).
+const MARGIN_PAIRS: usize = 32;
+const MARGIN_QUANTILE: f64 = 0.8;
+const MARGIN_MAX: f64 = 0.5;
 
 /// What `/metrics` and the status page show of the prediction.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -37,66 +57,96 @@ pub struct PredictionView {
 }
 
 impl State {
-    fn expected_output(&self, ticket: &Ticket) -> f64 {
-        (ticket.max_tokens as f64 * self.output_share).max(1.0)
+    fn expected_output(&self, max_tokens: usize) -> f64 {
+        (max_tokens as f64 * self.output_share).max(1.0)
     }
 
-    fn gate(&self) -> Gate {
+    /// The limits in force, as the grant rule takes them.
+    pub(super) fn gate(&self) -> Gate {
         Gate {
             active_max: self.active_max(),
             prefill_tokens_max: self.limits.prefill_tokens_max,
+            heavy_active_max: self.limits.heavy_active_max,
         }
     }
 
-    /// The flights as the simulation sees them.
-    fn running(&self, now: Instant) -> Vec<Running> {
-        let mut flights: Vec<&Flight> = self.flights.values().collect();
-        flights.sort_by_key(|f| f.granted);
-        flights
+    /// Seconds from now to the first token of each waiter (in queue order), then of
+    /// `arrival`'s, if one: the flights and the queue played forward
+    /// ([`predict::first_tokens`]).
+    pub(super) fn first_tokens(&self, arrival: Option<&Newcomer>) -> Vec<f64> {
+        self.play(arrival, &self.waiters)
+    }
+
+    /// Seconds from now to the first token of a request granted now (behind the flights).
+    fn first_token_granted(&self, granted: &Newcomer) -> f64 {
+        self.play(Some(granted), &VecDeque::new())
+            .last()
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    fn play(&self, arrival: Option<&Newcomer>, waiters: &VecDeque<Waiter>) -> Vec<f64> {
+        let now = Instant::now();
+        let mut groups = Groups::default();
+        let mut flights: Vec<(&u64, &Flight)> = self.flights.iter().collect();
+        flights.sort_by_key(|(id, f)| (f.granted, **id));
+        // Prefill is serial: the oldest one not past it has run since the later of its grant
+        // and the last prefill's end; the ones behind it have not started.
+        let mut started = false;
+        let running: Vec<Running> = flights
             .into_iter()
-            .map(|f| {
+            .map(|(_, f)| {
+                let own = self.model.prefill(f.prompt, f.context_at_grant);
                 let prefill_left = match f.first {
                     Some(_) => 0.0,
-                    None => {
-                        let spent = now.saturating_duration_since(f.granted).as_secs_f64();
-                        (f.own_prefill - spent).max(PREFILL_LEFT_MIN * f.own_prefill)
+                    None if !started => {
+                        started = true;
+                        let from = f.granted.max(self.prefill_ended);
+                        let spent = now.saturating_duration_since(from).as_secs_f64();
+                        (own - spent).max(PREFILL_LEFT_MIN * own)
                     }
+                    None => own,
                 };
-                let expected = (f.max_tokens as f64 * self.output_share).max(1.0);
                 Running {
                     prompt: f.context(),
                     prefill_left,
-                    output_left: (expected - f.tokens as f64).max(1.0),
+                    output_left: (self.expected_output(f.max_tokens) - f.tokens as f64).max(1.0),
+                    group: groups.of(f.class, &f.tenant),
+                    heavy: f.heavy && f.first.is_none(),
                 }
             })
-            .collect()
-    }
-
-    /// Seconds from now to `ticket`'s first token, behind the waiters granted before it
-    /// (`me`: its own place in the queue; none for an arrival, which goes last among equals).
-    fn predict(&self, ticket: &Ticket, me: Option<u64>) -> f64 {
-        let now = Instant::now();
-        let key = self.order(ticket.class, &ticket.tenant, me.unwrap_or(u64::MAX));
-        let mut ahead: Vec<_> = self
-            .waiters
-            .iter()
-            .filter(|w| Some(w.id) != me)
-            .map(|w| (self.order(w.class, &w.ticket.tenant, w.id), w))
-            .filter(|(k, _)| k < &key)
             .collect();
-        ahead.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
-        let ahead: Vec<Pending> = ahead
-            .into_iter()
-            .map(|(_, w)| Pending {
+        let mut queue: Vec<Pending> = waiters
+            .iter()
+            .map(|w| Pending {
                 prompt: w.ticket.prompt_tokens,
-                output: self.expected_output(&w.ticket),
+                output: self.expected_output(w.ticket.max_tokens),
+                group: groups.of(w.class, &w.ticket.tenant),
+                batch: w.class == Class::Batch,
+                heavy: w.heavy,
+                seq: w.id,
+                yields_to: w.yields_to,
             })
             .collect();
-        let mine = Pending {
-            prompt: ticket.prompt_tokens,
-            output: self.expected_output(ticket),
+        if let Some(n) = arrival {
+            queue.push(Pending {
+                prompt: n.ticket.prompt_tokens,
+                output: self.expected_output(n.ticket.max_tokens),
+                group: groups.of(n.ticket.class, &n.ticket.tenant),
+                batch: n.ticket.class == Class::Batch,
+                heavy: n.heavy,
+                seq: self.next_id,
+                yields_to: n.yields_to,
+            });
+        }
+        let scene = Scene {
+            gate: self.gate(),
+            output_weight: self.limits.fair_output_weight,
+            groups: groups.resolve(self, arrival.map(|n| n.ticket)),
+            running,
+            queue,
         };
-        predict::time_to_first_token(&self.model, self.gate(), &self.running(now), &ahead, mine)
+        predict::first_tokens(&self.model, &scene)
     }
 
     /// The deadline `ticket` is held to under the limits in force.
@@ -109,14 +159,67 @@ impl State {
         asked.max(secs(2.0 * alone))
     }
 
-    /// The deadline `ticket` is held to and its prediction, or `deadline_unmeetable`.
-    pub(super) fn judge(&self, ticket: &Ticket) -> Result<(Duration, Duration), GatewayError> {
+    /// How much longer than predicted recent first tokens came (a share of the prediction, at
+    /// most [`MARGIN_MAX`]): an arrival is admitted only if its prediction lengthened by this
+    /// meets its deadline.
+    pub(super) fn margin(&self) -> f64 {
+        self.history
+            .shortfall(Instant::now(), MARGIN_PAIRS, MARGIN_QUANTILE)
+            .unwrap_or(0.0)
+            .clamp(0.0, MARGIN_MAX)
+    }
+
+    /// The waiters (by id) that meet their deadline in `before` but not in `after`.
+    fn pushed(&self, before: &[f64], after: &[f64]) -> Option<(u64, f64)> {
+        self.waiters
+            .iter()
+            .zip(before.iter().zip(after))
+            .filter(|(w, (b, a))| {
+                let waited = w.arrived.elapsed().as_secs_f64();
+                let d = self.deadline(&w.ticket).as_secs_f64();
+                waited + **b <= d && waited + **a > d
+            })
+            .map(|(w, (b, _))| (w.id, *b))
+            .reduce(|x, y| if y.0 > x.0 { y } else { x })
+    }
+
+    /// An arrival's verdict: the deadline it is held to, its prediction, and the waiter it
+    /// yields to; or `deadline_unmeetable`.
+    pub(super) fn judge(&self, ticket: &Ticket, heavy: bool) -> Result<Judged, GatewayError> {
         let deadline = self.deadline(ticket);
-        let predicted = secs(self.predict(ticket, None));
-        if self.limits.predictive && predicted > deadline {
-            return Err(unmeetable(ticket, predicted, deadline));
+        let mut newcomer = Newcomer {
+            ticket,
+            heavy,
+            yields_to: None,
+        };
+        let with = self.first_tokens(Some(&newcomer));
+        let mut predicted = with.last().copied().unwrap_or(0.0);
+        if !self.limits.predictive {
+            return Ok(Judged {
+                predicted: secs(predicted),
+                yields_to: None,
+            });
         }
-        Ok((deadline, predicted))
+        let before = self.first_tokens(None);
+        if let Some((to, first)) = self.pushed(&before, &with) {
+            // It would break a waiter's promise: it goes behind it, or is refused.
+            newcomer.yields_to = Some(to);
+            let yielding = self.first_tokens(Some(&newcomer));
+            predicted = yielding.last().copied().unwrap_or(0.0);
+            if self.pushed(&before, &yielding).is_some() {
+                let wait = secs(first).max(Duration::from_secs(1));
+                return Err(unmeetable(ticket, secs(predicted), deadline, wait));
+            }
+        }
+        let padded = secs(predicted * (1.0 + self.margin()));
+        if padded > deadline {
+            let wait = padded.saturating_sub(deadline);
+            return Err(unmeetable(ticket, secs(predicted), deadline, wait));
+        }
+        Ok(Judged {
+            predicted: secs(predicted),
+            yields_to: newcomer.yields_to,
+        })
     }
 
     /// Waiter `id`'s answer once its prediction misses its deadline (under the limits in
@@ -125,10 +228,13 @@ impl State {
         if !self.limits.predictive {
             return None;
         }
-        let w = self.waiters.iter().find(|w| w.id == id)?;
+        let i = self.waiters.iter().position(|w| w.id == id)?;
+        let w = &self.waiters[i];
         let deadline = self.deadline(&w.ticket);
-        let predicted = w.arrived.elapsed() + secs(self.predict(&w.ticket, Some(id)));
-        (predicted > deadline).then(|| unmeetable(&w.ticket, predicted, deadline))
+        let left = secs(self.first_tokens(None)[i]);
+        let predicted = w.arrived.elapsed() + left;
+        (predicted > deadline)
+            .then(|| unmeetable(&w.ticket, predicted, deadline, predicted - deadline))
     }
 
     /// `ticket`'s tenant starts waiting or running in its class: lifted to the others' floor.
@@ -163,12 +269,13 @@ impl State {
         predicted: Duration,
     ) {
         let now = Instant::now();
-        let mine = Pending {
-            prompt: ticket.prompt_tokens,
-            output: self.expected_output(ticket),
+        let alone = Newcomer {
+            ticket,
+            heavy,
+            yields_to: None,
         };
-        let predicted_upstream =
-            predict::time_to_first_token(&self.model, self.gate(), &self.running(now), &[], mine);
+        // Granted now: behind the flights, before every waiter.
+        let predicted_upstream = self.first_token_granted(&alone);
         let context: usize = self.flights.values().map(Flight::context).sum();
         let own_prefill = self.model.prefill(ticket.prompt_tokens, context);
         self.fair
@@ -211,6 +318,7 @@ impl State {
             return None;
         }
         f.first = Some(now);
+        self.prefill_ended = now;
         f.running_at_first = running;
         f.context_at_first = context - f.context();
         self.prefill_tokens -= f.prompt;
@@ -278,6 +386,7 @@ impl State {
     pub(super) fn cancel_flight(&mut self, id: u64) -> Option<Flight> {
         let f = self.flights.remove(&id)?;
         if f.first.is_none() {
+            self.prefill_ended = Instant::now();
             self.prefill_tokens -= f.prompt;
             self.heavy_active -= usize::from(f.heavy);
             self.prefill_clock
@@ -302,13 +411,66 @@ fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.clamp(0.0, 1e7))
 }
 
-fn unmeetable(ticket: &Ticket, predicted: Duration, deadline: Duration) -> GatewayError {
+fn unmeetable(
+    ticket: &Ticket,
+    predicted: Duration,
+    deadline: Duration,
+    wait: Duration,
+) -> GatewayError {
     GatewayError::DeadlineUnmeetable {
         class: ticket.class,
         predicted,
         deadline,
-        retry_after: predicted
-            .saturating_sub(deadline)
-            .max(Duration::from_secs(1)),
+        retry_after: wait.max(Duration::from_secs(1)),
+    }
+}
+
+/// An arrival as the prediction places it.
+pub(super) struct Newcomer<'a> {
+    pub ticket: &'a Ticket,
+    pub heavy: bool,
+    pub yields_to: Option<u64>,
+}
+
+/// An arrival's prediction (arrival → first token) and the waiter it yields to.
+pub(super) struct Judged {
+    pub predicted: Duration,
+    pub yields_to: Option<u64>,
+}
+
+/// The tenants of a prediction, per class: an index each, then their counters.
+#[derive(Default)]
+struct Groups {
+    keys: Vec<(Class, Arc<str>)>,
+}
+
+impl Groups {
+    fn of(&mut self, class: Class, tenant: &Arc<str>) -> usize {
+        match self
+            .keys
+            .iter()
+            .position(|(c, t)| *c == class && t == tenant)
+        {
+            Some(i) => i,
+            None => {
+                self.keys.push((class, tenant.clone()));
+                self.keys.len() - 1
+            }
+        }
+    }
+
+    /// Counters and the tenants present beside each, counting `arrival`'s as present.
+    fn resolve(&self, st: &State, arrival: Option<&Ticket>) -> Vec<Group> {
+        let newly_present = arrival.filter(|t| !st.fair.present(t.class, &t.tenant));
+        self.keys
+            .iter()
+            .map(|(class, tenant)| {
+                let joins = newly_present.is_some_and(|t| t.class == *class && t.tenant != *tenant);
+                Group {
+                    counter: st.fair.counter(*class, tenant),
+                    others: st.fair.others_present(*class, tenant) + usize::from(joins),
+                }
+            })
+            .collect()
     }
 }

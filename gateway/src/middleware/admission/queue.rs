@@ -17,7 +17,11 @@
 //! - within a class, the tenant with the lowest virtual token counter goes first ([`super::fair`]);
 //! - with `predictive`, an arrival whose predicted time to first token misses its deadline is
 //!   refused at once with `deadline_unmeetable` ([`super::predictive`]), and so is a waiter as
-//!   soon as its prediction misses.
+//!   soon as its prediction misses; an arrival that would push an admitted waiter past its
+//!   deadline yields to it (or is refused).
+//!
+//! The slot rules and the grant order are [`crate::predict::gate`]'s, which the prediction
+//! plays forward too.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,7 +35,9 @@ use super::fair::Fairness;
 use super::flight::Flight;
 use crate::error::GatewayError;
 use crate::policy::{self, Class, Cost};
-use crate::predict::{CostModel, History, PrefillClock};
+use crate::predict::{
+    interactive_waiting, next_granted, Ask, CostModel, Held, History, Place, PrefillClock, Share,
+};
 
 /// The limits admission enforces (a view of the policy's `[admission]` table).
 #[derive(Clone, Debug, PartialEq)]
@@ -137,7 +143,7 @@ pub(super) struct State {
     /// Heavy requests not yet past their prefill.
     pub(super) heavy_active: usize,
     pub(super) waiters: VecDeque<Waiter>,
-    next_id: u64,
+    pub(super) next_id: u64,
     drain: DrainRate,
     /// Tasks parked in `poll_ready` while the queue is full.
     ready_wakers: Vec<std::task::Waker>,
@@ -146,6 +152,8 @@ pub(super) struct State {
     /// Prompt tokens of the flights not yet past their prefill, and how long there were any.
     pub(super) prefill_tokens: usize,
     pub(super) prefill_clock: PrefillClock,
+    /// When the last prefill ended (or admission started): the oldest prefill runs from then.
+    pub(super) prefill_ended: Instant,
     pub(super) fair: Fairness,
     pub(super) model: CostModel,
     pub(super) history: History,
@@ -162,6 +170,8 @@ pub(super) struct Waiter {
     pub arrived: Instant,
     /// Its prediction on arrival.
     pub predicted: Duration,
+    /// Not granted while a waiter up to this id is queued ([`crate::predict::Place`]).
+    pub yields_to: Option<u64>,
     tx: oneshot::Sender<Result<Permit, GatewayError>>,
 }
 
@@ -179,6 +189,12 @@ impl Permit {
     /// When the slot was granted (the start of upstream time).
     pub fn granted_at(&self) -> Instant {
         self.granted_at
+    }
+
+    /// The flight's id: grants are numbered in the order they were made.
+    #[cfg(test)]
+    pub(super) fn id(&self) -> u64 {
+        self.id
     }
 
     /// Whether the request counts against the heavy-input lane.
@@ -245,6 +261,7 @@ impl Admission {
                 flights: HashMap::new(),
                 prefill_tokens: 0,
                 prefill_clock: PrefillClock::default(),
+                prefill_ended: Instant::now(),
                 fair: Fairness::default(),
                 model: CostModel::new(&limits.cost),
                 history: History::default(),
@@ -318,9 +335,10 @@ impl Admission {
         let mut st = self.lock();
         let heavy = ticket.prompt_tokens > st.limits.heavy_input_tokens;
         st.backlogged(&ticket);
-        let (_, predicted) = st.judge(&ticket)?;
+        let judged = st.judge(&ticket, heavy)?;
+        let predicted = judged.predicted;
         st.fair.seen(ticket.class, &ticket.tenant);
-        if st.may_run(&ticket, heavy) {
+        if judged.yields_to.is_none() && st.may_run(&ticket, heavy) {
             let arrived = Instant::now();
             return Ok(Arrival::Granted(
                 st.grant(self, &ticket, heavy, arrived, predicted),
@@ -349,6 +367,7 @@ impl Admission {
             ticket,
             arrived: Instant::now(),
             predicted,
+            yields_to: judged.yields_to,
             tx,
         });
         Ok(Arrival::Queued {
@@ -423,44 +442,34 @@ impl State {
             .map_or(self.limits.active_max, |c| c.min(self.limits.active_max))
     }
 
-    /// Whether a request of `tenant` may take a slot and `prompt` prefill tokens now.
+    /// Whether `ticket` may take a slot and its prompt's prefill tokens now (the rule of
+    /// [`crate::predict::gate`]).
     pub(super) fn may_run(&self, ticket: &Ticket, heavy: bool) -> bool {
-        if !(self.can_run(ticket.class, heavy) && self.fits_budget(ticket.prompt_tokens)) {
-            return false;
-        }
-        let others = self.fair.others_present(ticket.class, &ticket.tenant);
-        if others == 0 {
-            return true;
-        }
-        // Room for the other tenants: not the last slot, not past half the prefill budget.
-        let (slots, prefill) = self
+        let order: Vec<Place> = self.waiters.iter().map(|w| self.place(w)).collect();
+        let held = Held {
+            active: self.active,
+            heavy_prefilling: self.heavy_active,
+            prefill_tokens: self.prefill_tokens,
+            interactive_waiting: interactive_waiting(&order),
+        };
+        let (slots, prefill_tokens) = self
             .flights
             .values()
             .filter(|f| f.class == ticket.class && f.tenant == ticket.tenant)
             .fold((0, 0), |(n, p), f| {
                 (n + 1, p + if f.first.is_none() { f.prompt } else { 0 })
             });
-        let slot_ok = slots < self.active_max().saturating_sub(others).max(1);
-        let prefill_ok =
-            prefill == 0 || prefill + ticket.prompt_tokens <= self.limits.prefill_tokens_max / 2;
-        slot_ok && prefill_ok
-    }
-
-    fn can_run(&self, class: Class, heavy: bool) -> bool {
-        let max = self.active_max();
-        let slot = match class {
-            Class::Interactive => self.active < max,
-            Class::Batch if max == 1 => {
-                self.active == 0 && !self.waiters.iter().any(|w| w.class == Class::Interactive)
-            }
-            Class::Batch => self.active + 1 < max,
+        let share = Share {
+            others: self.fair.others_present(ticket.class, &ticket.tenant),
+            slots,
+            prefill_tokens,
         };
-        slot && (!heavy || self.heavy_active < self.limits.heavy_active_max)
-    }
-
-    /// Whether `prompt` more tokens fit the prefill budget (alone, any prompt does).
-    pub(super) fn fits_budget(&self, prompt: usize) -> bool {
-        self.prefill_tokens == 0 || self.prefill_tokens + prompt <= self.limits.prefill_tokens_max
+        let ask = Ask {
+            batch: ticket.class == Class::Batch,
+            heavy,
+            prompt: ticket.prompt_tokens,
+        };
+        self.gate().admits(&held, &share, &ask)
     }
 
     fn grant(
@@ -491,27 +500,26 @@ impl State {
         self.drain.record(Instant::now());
     }
 
-    /// Where a waiter stands in the grant order: by class, then its tenant's counter, then
-    /// arrival.
-    pub(super) fn order(&self, class: Class, tenant: &str, id: u64) -> (bool, f64, u64) {
-        (class == Class::Batch, self.fair.counter(class, tenant), id)
+    /// Where a waiter stands in the grant order.
+    pub(super) fn place(&self, w: &Waiter) -> Place {
+        Place {
+            batch: w.class == Class::Batch,
+            counter: self.fair.counter(w.class, &w.ticket.tenant),
+            seq: w.id,
+            yields_to: w.yields_to,
+        }
     }
 
-    /// Grants slots to waiters until none can run: interactive first, then batch; within a
-    /// class the least-served tenant first, FIFO within a tenant.
+    /// Grants slots to waiters until none can run, in [`next_granted`]'s order: interactive
+    /// first, then batch; within a class the least-served tenant first, FIFO within a tenant.
     fn dispatch(&mut self, admission: &Arc<Admission>) {
         loop {
-            let next = self
+            let places: Vec<(Place, bool)> = self
                 .waiters
                 .iter()
-                .enumerate()
-                .filter(|(_, w)| self.may_run(&w.ticket, w.heavy))
-                .min_by(|(_, a), (_, b)| {
-                    self.order(a.class, &a.ticket.tenant, a.id)
-                        .partial_cmp(&self.order(b.class, &b.ticket.tenant, b.id))
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                })
-                .map(|(i, _)| i);
+                .map(|w| (self.place(w), self.may_run(&w.ticket, w.heavy)))
+                .collect();
+            let next = next_granted(&places);
             let Some(w) = next.and_then(|i| self.waiters.remove(i)) else {
                 break;
             };
