@@ -7,7 +7,9 @@
 #   RATES="0.3 0.6 1.0" DUR=45s DEADLINE=5s loadtests/bench/predictive-admission.sh
 #   DEADLINE=5 python3 loadtests/bench/predictive-report.py loadtests/results/predictive
 #
-# Run it inside `flock /tmp/sluice-bench.lock` on a shared machine.
+# Run it inside `flock /tmp/sluice-bench.lock` on a shared machine; one setup and rate per call
+# (SETUPS=predictive RATES=1.0) keeps each locked run to a few minutes, into the same OUT.
+# uptime.txt gets a line (setup, rate, time, load) after each run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-/work/target-admit/release}
@@ -65,6 +67,7 @@ for setup in $SETUPS; do
     echo "== $setup at $rate req/s for $DUR" >&2
     "$BIN/sluice-load" run --url $url --workload seed-mix --rate "$rate" --poisson \
       --duration "$DUR" --timeout 90s --seed "$SEED" --json >"$OUT/$setup-$rate.json"
+    echo "$setup $rate $(date -u +%FT%TZ) $(uptime)" >>"$OUT/uptime.txt"
     if [ -n "$gw" ]; then
       curl -sf $url/ui/stats >"$OUT/$setup-$rate.stats.json"
       curl -sf $url/metrics >"$OUT/$setup-$rate.metrics.txt"
@@ -72,4 +75,3 @@ for setup in $SETUPS; do
   done
   if [ -n "$gw" ]; then kill "$gw"; wait "$gw" 2>/dev/null || true; fi
 done
-uptime >"$OUT/uptime.txt"

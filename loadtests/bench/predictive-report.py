@@ -3,7 +3,7 @@
 
 Per setup and rate: SLO goodput (requests per second of arrivals whose arrival -> first token met
 the interactive deadline, $DEADLINE s, default 5), the share that waited and then failed (a failure after more than 1 s),
-the share refused at once, TTFT p95 (arrival -> first token, successes; also by request kind:
+of them the ones refused (`deadline_unmeetable`) after waiting and the `queue_timeout`s, the share refused at once, TTFT p95 (arrival -> first token, successes; also by request kind:
 256:128, 4k:128, 8k:128), and for the gateway
 the prediction error over the run's admitted streams (from /ui/stats). Writes a markdown table
 on stdout and an SVG of goodput against arrival rate.
@@ -35,7 +35,7 @@ def figures(run, stats):
     span = max([s["arrival_s"] for s in samples] + [1.0])
     first = []
     by_kind = {}
-    met = waited_failed = refused = 0
+    met = waited_failed = refused = waited_refused = timeouts = 0
     for s in samples:
         ok = s["outcome"] == "ok"
         if ok and s["ttft_s"] is not None:
@@ -46,6 +46,8 @@ def figures(run, stats):
         elif not ok:
             if s["arrival_to_end_s"] > 1.0:
                 waited_failed += 1
+                waited_refused += "deadline_unmeetable" in s["outcome"]
+                timeouts += "queue_timeout" in s["outcome"]
             else:
                 refused += 1
     n = len(samples)
@@ -58,6 +60,7 @@ def figures(run, stats):
                    sum(abs(r) <= 0.25 for r in rel) / len(rel))
     return {
         "n": n, "goodput": met / span, "waited_failed": waited_failed / max(n, 1),
+        "waited_refused": waited_refused, "timeouts": timeouts,
         "refused": refused / max(n, 1), "ttft_p95": pct(first, 95), "err": err,
         "ttft_p95_by_kind": {k: pct(v, 95) for k, v in sorted(by_kind.items())},
         "outcomes": run.get("outcomes", {}),
@@ -99,14 +102,14 @@ def main():
     rows = {}
     for key, _, _ in SETUPS:
         for f in sorted(d.glob(f"{key}-*.json")):
-            if f.name.endswith(".stats.json"):
-                continue
+            if f.name.endswith(".stats.json") or f.stat().st_size == 0:
+                continue  # a run still going writes its JSON at the end
             rate = float(f.stem.split("-", 1)[1])
             st = f.with_name(f"{f.stem}.stats.json")
             stats = json.loads(st.read_text()) if st.exists() else None
             rows[(key, rate)] = figures(json.loads(f.read_text()), stats)
-    print("| setup | rate (req/s) | requests | SLO goodput (req/s) | waited then failed | refused at once | TTFT p95 (s) | TTFT p95 by request kind (s) | prediction error: median, within ±25% |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|---|")
+    print("| setup | rate (req/s) | requests | SLO goodput (req/s) | waited then failed | of which refused after waiting, queue timeouts | refused at once | TTFT p95 (s) | TTFT p95 by request kind (s) | prediction error: median, within ±25% |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|---|---|")
     for key, label, _ in SETUPS:
         for (k, r), f in sorted(rows.items()):
             if k != key:
@@ -115,7 +118,7 @@ def main():
             es = "—" if e is None else f"{100*e[0]:+.0f}% ({e[1]} streams), {100*e[2]:.0f}%"
             p95 = "—" if f["ttft_p95"] is None else f"{f['ttft_p95']:.2f}"
             kinds = ", ".join(f"{k} {v:.1f}" for k, v in f["ttft_p95_by_kind"].items()) or "—"
-            print(f"| {label} | {r:g} | {f['n']} | {f['goodput']:.3f} | {100*f['waited_failed']:.0f}% | {100*f['refused']:.0f}% | {p95} | {kinds} | {es} |")
+            print(f"| {label} | {r:g} | {f['n']} | {f['goodput']:.3f} | {100*f['waited_failed']:.0f}% | {f['waited_refused']}, {f['timeouts']} | {100*f['refused']:.0f}% | {p95} | {kinds} | {es} |")
     svg(rows, sys.argv[2] if len(sys.argv) > 2 else d / "goodput.svg")
 
 
