@@ -12,7 +12,7 @@
 # uptime.txt gets a line (setup, rate, time, load) after each run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BIN=${BIN:-/work/target-admit/release}
+BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release}
 ENGINE_BIN=${ENGINE_BIN:-$BIN/sluice-engine}
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 OUT=${OUT:-loadtests/results/predictive}
