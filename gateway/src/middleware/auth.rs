@@ -32,6 +32,11 @@ impl Caller {
     pub fn name(&self) -> &str {
         self.tenant.as_ref().map_or("anonymous", |t| &t.name)
     }
+
+    /// The class of the request whose extensions these are; the default class before auth.
+    pub fn class_of(ext: &http::Extensions) -> Class {
+        ext.get::<Caller>().map(|c| c.class).unwrap_or_default()
+    }
 }
 
 /// Checks the API key against the policy in force.

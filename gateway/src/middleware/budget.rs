@@ -230,7 +230,7 @@ impl<B: Send + 'static> Around<B> for Budget {
         S::Future: Send + 'static,
     {
         let ext = req.extensions();
-        let class = ext.get::<Caller>().map(|c| c.class).unwrap_or_default();
+        let class = Caller::class_of(ext);
         let tenant = ext.get::<Caller>().and_then(|c| c.tenant.clone());
         let Some((tenant, budget)) = tenant.and_then(|t| t.tokens_per_minute.map(|b| (t, b)))
         else {

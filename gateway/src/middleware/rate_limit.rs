@@ -155,11 +155,7 @@ impl<B: Send + 'static> Around<B> for RateLimit {
         let (Some(shared), Some((tenant, rate))) = (self.shared.clone(), limited_alone) else {
             return Box::pin(inner.call(req));
         };
-        let class = req
-            .extensions()
-            .get::<Caller>()
-            .map(|c| c.class)
-            .unwrap_or_default();
+        let class = Caller::class_of(req.extensions());
         let local = self.clone();
         Box::pin(async move {
             let ask = Ask {

@@ -58,11 +58,7 @@ impl<B: Send + 'static> Around<B> for SharedCeiling {
         let Some(shared) = self.shared.clone() else {
             return Box::pin(inner.call(req));
         };
-        let class = req
-            .extensions()
-            .get::<Caller>()
-            .map(|c| c.class)
-            .unwrap_or_default();
+        let class = Caller::class_of(req.extensions());
         let queued = req
             .extensions()
             .get::<QueueTime>()

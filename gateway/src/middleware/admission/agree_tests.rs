@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::predictive_tests::settle;
 use super::*;
 use crate::error::GatewayError;
 use crate::policy::{Class, Cost};
@@ -112,12 +113,6 @@ async fn upstream(mut grants: mpsc::UnboundedReceiver<Grant>, served: Arc<Mutex<
                 run.retain(|(_, n)| *n < OUTPUT);
             }
         }
-    }
-}
-
-async fn settle() {
-    for _ in 0..10 {
-        tokio::task::yield_now().await;
     }
 }
 

@@ -41,7 +41,7 @@ fn ticket(tenant: &str, prompt: usize) -> Ticket {
     }
 }
 
-async fn settle() {
+pub(super) async fn settle() {
     for _ in 0..10 {
         tokio::task::yield_now().await;
     }

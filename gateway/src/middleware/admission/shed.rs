@@ -56,11 +56,7 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         if std::mem::take(&mut self.shed) {
-            let class = req
-                .extensions()
-                .get::<Caller>()
-                .map(|c| c.class)
-                .unwrap_or_default();
+            let class = Caller::class_of(req.extensions());
             let err = self.admission.overloaded(class);
             if let Some(r) = req.extensions().get::<RequestRecord>() {
                 r.queue_refused(QueueOutcome::Shed);
