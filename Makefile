@@ -26,7 +26,7 @@ chat: fetch-model build
 
 ## Everything CI checks: formatting, lints, the test suite against the real model.
 test: fetch-model lint
-	$(CARGO) test --release --workspace
+	$(CARGO) test --release --workspace --no-fail-fast
 
 lint:
 	$(CARGO) fmt --all --check

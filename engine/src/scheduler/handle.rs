@@ -43,7 +43,7 @@ pub struct EngineConfig {
 }
 
 /// What the engine thread publishes for `/health` and `/metrics`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Published {
     metrics: MetricsSnapshot,
     ranks: Vec<RankHealth>,
@@ -83,7 +83,13 @@ impl EngineHandle {
         inbox: (Sender<Input>, Receiver<Input>),
     ) -> std::io::Result<Arc<Self>> {
         let (tx, rx) = inbox;
-        let published = Arc::new(Mutex::new(Published::default()));
+        // The first snapshot is taken here, before any caller holds the handle: `/health` never
+        // answers with the empty default while the engine thread has yet to publish.
+        let published = Arc::new(Mutex::new(Published {
+            metrics: scheduler.metrics(),
+            ranks: driver.ranks(scheduler.kv_tokens_used()),
+            down: None,
+        }));
         let tokenizer = scheduler.tokenizer().clone();
         let eos = tokenizer
             .token_id("<|im_end|>")
