@@ -37,8 +37,13 @@ use crate::predict::{self, Gate, Group, Pair, Parameters, Pending, Point, Runnin
 pub const OUTPUT_SHARE_SEED: f64 = 0.5;
 /// How much of a stream's output share the average takes in.
 const OUTPUT_SHARE_GAIN: f64 = 0.2;
-/// A prefill running longer than predicted is assumed to have at least this share left.
-const PREFILL_LEFT_MIN: f64 = 0.1;
+/// A prefill running past its prediction by `x` is assumed to need this share of `x` more (so
+/// the prediction stays continuous: exactly the model's until the prefill is late, then later
+/// the later it is). The model's own time is kept to the end: a floor that bit earlier froze
+/// every waiter's prediction for the prefill's last part (a 4K prefill's last 0.4 s).
+const PREFILL_OVERRUN_SHARE: f64 = 0.5;
+/// What the simulation counts as a prefill still running (0 would count as past it).
+const PREFILL_LEFT_EPSILON: f64 = 1e-6;
 /// The margin is the [`MARGIN_QUANTILE`] of the last [`MARGIN_PAIRS`] first tokens' lateness,
 /// at most [`MARGIN_MAX`] (beyond that the model is wrong, not noisy: its refit is the fix).
 const MARGIN_PAIRS: usize = 32;
@@ -103,7 +108,10 @@ impl State {
                         started = true;
                         let from = f.granted.max(self.prefill_ended);
                         let spent = now.saturating_duration_since(from).as_secs_f64();
-                        (own - spent).max(PREFILL_LEFT_MIN * own)
+                        let late = (spent - own).max(0.0);
+                        (own - spent)
+                            .max(PREFILL_OVERRUN_SHARE * late)
+                            .max(PREFILL_LEFT_EPSILON)
                     }
                     None => own,
                 };
