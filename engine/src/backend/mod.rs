@@ -10,6 +10,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod select;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::dtype::GgmlType;
@@ -77,6 +78,11 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// is the host's already: no copy).
     fn download_owned(&self, src: Self::Buf, len: usize) -> Vec<f32> {
         self.download(&src, len)
+    }
+    /// The first `len` values of a buffer as the host sees them: borrowed where the buffer is
+    /// the host's (the CPU's: no copy), copied from a device.
+    fn host_view<'a>(&self, src: &'a Self::Buf, len: usize) -> Cow<'a, [f32]> {
+        Cow::Owned(self.download(src, len))
     }
 
     /// `out[i] = table[ids[i]]` (rows of width `table`'s columns).

@@ -125,7 +125,9 @@ pub fn generate<B: Backend>(
         pos: 0,
         blocks: table.blocks(),
     };
-    let mut logits = model.forward(&mut state, prompt, &[seq], &[prompt.len() - 1])?;
+    let mut logits = model
+        .forward(&mut state, prompt, &[seq], &[prompt.len() - 1])?
+        .into_owned();
     out.prefill_time = t0.elapsed();
 
     let t1 = Instant::now();
@@ -156,7 +158,7 @@ pub fn generate<B: Backend>(
             pos,
             blocks: table.blocks(),
         };
-        logits = model.forward(&mut state, &[id], &[seq], &[0])?;
+        logits = model.forward(&mut state, &[id], &[seq], &[0])?.into_owned();
         pos += 1;
     }
     out.decode_time = t1.elapsed();

@@ -158,21 +158,29 @@ impl<B: Backend> Stage<B> {
         if emit.is_empty() {
             return Ok(out);
         }
-        let logits = self.model.logits(&self.hidden, &emit)?;
+        let logits = self.model.logits(&mut self.state, &self.hidden, &emit)?;
         let vocab = self.model.config().vocab_size;
+        let mut masked = Vec::new();
         for ((seq, spec), raw) in seqs
             .iter()
             .filter_map(|s| s.sample.as_ref().map(|p| (s.seq, p)))
             .zip(logits.chunks_exact(vocab))
         {
-            let mut l = raw.to_vec();
-            mask(&mut l, spec);
+            // A copy only for a sequence whose step masks tokens out.
+            let l = if spec.suppress.is_empty() && spec.allow.is_none() {
+                raw
+            } else {
+                masked.clear();
+                masked.extend_from_slice(raw);
+                mask(&mut masked, spec);
+                &masked[..]
+            };
             let sampler = self.samplers.entry(seq).or_insert_with(|| {
                 let mut s = Sampler::with_shaping(params(spec), spec.shaping.clone());
                 s.set_prompt(&spec.prompt);
                 s
             });
-            let id = sampler.sample(&l);
+            let id = sampler.sample(l);
             out.tokens.push((seq, id));
             if let Some(n) = spec.logprobs {
                 out.logprobs.push((seq, token_logprob(raw, id, n as usize)));

@@ -232,6 +232,10 @@ impl Backend for CpuBackend {
         src
     }
 
+    fn host_view<'a>(&self, src: &'a Vec<f32>, len: usize) -> std::borrow::Cow<'a, [f32]> {
+        std::borrow::Cow::Borrowed(&src[..len])
+    }
+
     fn embed(&self, table: &CpuWeight, ids: &[u32], out: &mut Vec<f32>) -> Result<()> {
         let m = table.matrix();
         for (i, &id) in ids.iter().enumerate() {

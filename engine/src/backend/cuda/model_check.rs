@@ -81,7 +81,13 @@ impl<B: Backend> Ranks<B> {
             }
         }
         let emit: Vec<usize> = seqs.iter().map(|s| s.start + s.len - 1).collect();
-        self.parts.last().expect("a rank").logits(&hidden, &emit)
+        let st = run.states.last_mut().expect("a rank");
+        Ok(self
+            .parts
+            .last()
+            .expect("a rank")
+            .logits(st, &hidden, &emit)?
+            .into_owned())
     }
 
     /// The prompts' first-step logits, then `GREEDY` greedy tokens per prompt, all prompts in one

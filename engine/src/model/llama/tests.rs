@@ -264,7 +264,8 @@ fn a_batch_of_sequences_equals_each_alone() {
                     }],
                     &[t.len() - 1],
                 )
-                .unwrap(),
+                .unwrap()
+                .into_owned(),
         );
     }
     // Together, in one forward pass sharing one KV store.
@@ -330,12 +331,14 @@ fn model_parts_chained_equal_the_whole() {
     }];
     let want = whole
         .forward(&mut whole.new_state(8).unwrap(), &toks, &seq, &[11])
-        .unwrap();
+        .unwrap()
+        .into_owned();
     let mut h = first.alloc_hidden(12);
     first.embed(&toks, &mut h).unwrap();
     first.forward_blocks(&mut first.new_state(8).unwrap(), &seq, &mut h, 12);
-    last.forward_blocks(&mut last.new_state(8).unwrap(), &seq, &mut h, 12);
-    let got = last.logits(&h, &[11]).unwrap();
+    let mut st = last.new_state(8).unwrap();
+    last.forward_blocks(&mut st, &seq, &mut h, 12);
+    let got = last.logits(&mut st, &h, &[11]).unwrap();
     assert!(max_diff(&want, &got) < 1e-5);
     assert!(
         last.embed(&toks, &mut h).is_err(),
@@ -347,8 +350,9 @@ fn model_parts_chained_equal_the_whole() {
 fn out_of_vocabulary_ids_are_an_error() {
     let (_, model) = load(1);
     let bl = blocks(0, 1);
+    let mut st = model.new_state(4).unwrap();
     let r = model.forward(
-        &mut model.new_state(4).unwrap(),
+        &mut st,
         &[TINY.vocab as u32],
         &[SeqRows {
             start: 0,
@@ -359,4 +363,37 @@ fn out_of_vocabulary_ids_are_an_error() {
         &[0],
     );
     assert!(r.is_err());
+}
+
+/// The head's buffers are kept between calls: a call emitting fewer rows than the one before
+/// (or more) gives what a fresh state gives.
+#[test]
+fn reused_head_buffers_give_the_logits_of_fresh_ones() {
+    let (_, model) = load(2);
+    let toks = ids(9, 7);
+    let bl = blocks(0, toks.len());
+    let seq = |len| SeqRows {
+        start: 0,
+        len,
+        pos: 0,
+        blocks: &bl,
+    };
+    let mut kept = model.new_state(16).unwrap();
+    for emit in [
+        &[2usize, 5, 8][..],
+        &[8],
+        &[0, 1, 2, 3, 4, 5, 6, 7, 8],
+        &[4],
+    ] {
+        let got = model
+            .forward(&mut kept, &toks, &[seq(toks.len())], emit)
+            .unwrap()
+            .into_owned();
+        let mut fresh = model.new_state(16).unwrap();
+        let want = model
+            .forward(&mut fresh, &toks, &[seq(toks.len())], emit)
+            .unwrap();
+        assert_eq!(got.len(), emit.len() * TINY.vocab);
+        assert!(max_diff(&got, &want) < 1e-6, "emit {emit:?}");
+    }
 }
