@@ -67,10 +67,12 @@ impl History {
         Some(errs[errs.len() / 2])
     }
 
-    /// How much later than predicted the last `n` recent first tokens came: the `q` quantile
-    /// of (actual − predicted) / max(predicted, 1 s) (`None` without any). The floor keeps a
-    /// quiet upstream's 50 ms first tokens, twice their 25 ms prediction, from counting as
-    /// the model being 100% short.
+    /// How much later than predicted the last `n` recent first tokens came, per square root
+    /// of the time predicted: the `q` quantile of (actual − predicted) / √max(predicted, 1 s),
+    /// in √s (`None` without any). Lateness is taken to grow as the square root of the horizon
+    /// (independent errors in the work ahead add up so), so a 1 s prediction 0.5 s late and a
+    /// 25 s one 2.5 s late read the same; the floor keeps a quiet upstream's 50 ms first
+    /// tokens, twice their 25 ms prediction, from reading as a large error.
     pub fn shortfall(&self, now: Instant, n: usize, q: f64) -> Option<f64> {
         let mut late: Vec<f64> = self
             .recent(now)
@@ -78,7 +80,7 @@ impl History {
             .take(n)
             .map(|p| {
                 let predicted = p.predicted.as_secs_f64();
-                (p.actual.as_secs_f64() - predicted) / predicted.max(1.0)
+                (p.actual.as_secs_f64() - predicted) / predicted.max(1.0).sqrt()
             })
             .collect();
         if late.is_empty() {
@@ -123,5 +125,30 @@ mod tests {
         tokio::time::advance(MAX_AGE + Duration::from_secs(1)).await;
         assert_eq!(h.median_error(Instant::now()), None);
         assert!(h.points(Instant::now()).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shortfall_reads_lateness_per_root_second_of_the_horizon() {
+        let mut h = History::default();
+        let now = Instant::now();
+        assert_eq!(h.shortfall(now, 32, 0.8), None);
+        // 1 s predictions 0.5 s late and 25 s ones 2.5 s late: 0.5 per root second alike; a
+        // 25 ms prediction 25 ms late is 0.025 (the 1 s floor).
+        for (p, a) in [
+            (1.0, 1.5),
+            (25.0, 27.5),
+            (1.0, 1.5),
+            (25.0, 27.5),
+            (0.025, 0.05),
+        ] {
+            h.record(Pair {
+                at: now,
+                predicted: Duration::from_secs_f64(p),
+                actual: Duration::from_secs_f64(a),
+            });
+        }
+        let s = h.shortfall(now, 32, 0.8).expect("pairs");
+        assert!((s - 0.5).abs() < 1e-9, "{s}");
+        assert!((h.shortfall(now, 1, 0.8).expect("pairs") - 0.025).abs() < 1e-9);
     }
 }

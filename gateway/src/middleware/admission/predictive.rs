@@ -44,8 +44,11 @@ const OUTPUT_SHARE_GAIN: f64 = 0.2;
 const PREFILL_OVERRUN_SHARE: f64 = 0.5;
 /// What the simulation counts as a prefill still running (0 would count as past it).
 const PREFILL_LEFT_EPSILON: f64 = 1e-6;
-/// The margin is the [`MARGIN_QUANTILE`] of the last [`MARGIN_PAIRS`] first tokens' lateness,
-/// at most [`MARGIN_MAX`] (beyond that the model is wrong, not noisy: its refit is the fix).
+/// The margin of a prediction `p` is the [`MARGIN_QUANTILE`] of the last [`MARGIN_PAIRS`] first
+/// tokens' lateness per root second ([`crate::predict::History::shortfall`]) times √max(p, 1 s),
+/// at most [`MARGIN_MAX`] of `p` (beyond that the model is wrong, not noisy: its refit is the
+/// fix). A share of `p` instead (as before 2026-12-02) lengthened a 26 s prediction by what 1 s
+/// ones had been late, in share: behind an 8K prompt it refused short requests that met.
 const MARGIN_PAIRS: usize = 32;
 const MARGIN_QUANTILE: f64 = 0.8;
 const MARGIN_MAX: f64 = 0.5;
@@ -167,14 +170,15 @@ impl State {
         asked.max(secs(2.0 * alone))
     }
 
-    /// How much longer than predicted recent first tokens came (a share of the prediction, at
-    /// most [`MARGIN_MAX`]): an arrival is admitted only if its prediction lengthened by this
-    /// meets its deadline.
-    pub(super) fn margin(&self) -> f64 {
-        self.history
+    /// Seconds to add to a prediction of `predicted` seconds for how late recent first tokens
+    /// came ([`MARGIN_QUANTILE`]): an arrival is admitted only if its prediction lengthened by
+    /// this meets its deadline.
+    pub(super) fn margin(&self, predicted: f64) -> f64 {
+        let per_root_second = self
+            .history
             .shortfall(Instant::now(), MARGIN_PAIRS, MARGIN_QUANTILE)
-            .unwrap_or(0.0)
-            .clamp(0.0, MARGIN_MAX)
+            .unwrap_or(0.0);
+        (per_root_second * predicted.max(1.0).sqrt()).clamp(0.0, MARGIN_MAX * predicted)
     }
 
     /// The waiters (by id) that meet their deadline in `before` but not in `after`.
@@ -219,7 +223,7 @@ impl State {
                 return Err(unmeetable(ticket, secs(predicted), deadline, wait));
             }
         }
-        let padded = secs(predicted * (1.0 + self.margin()));
+        let padded = secs(predicted + self.margin(predicted));
         if padded > deadline {
             let wait = padded.saturating_sub(deadline);
             return Err(unmeetable(ticket, secs(predicted), deadline, wait));
