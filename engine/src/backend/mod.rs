@@ -74,11 +74,6 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     fn alloc_kv(&self, spec: KvSpec) -> Result<Self::Kv>;
     fn upload(&self, data: &[f32], dst: &mut Self::Buf);
     fn download(&self, src: &Self::Buf, len: usize) -> Vec<f32>;
-    /// The first `len` values of a buffer that is no longer needed on the device (the CPU's
-    /// is the host's already: no copy).
-    fn download_owned(&self, src: Self::Buf, len: usize) -> Vec<f32> {
-        self.download(&src, len)
-    }
     /// The first `len` values of a buffer as the host sees them: borrowed where the buffer is
     /// the host's (the CPU's: no copy), copied from a device.
     fn host_view<'a>(&self, src: &'a Self::Buf, len: usize) -> Cow<'a, [f32]> {

@@ -57,6 +57,10 @@ pub struct Scene {
     pub queue: Vec<Pending>,
 }
 
+/// The least prefill a running request can have left and still count as prefilling (0 counts
+/// as past it).
+pub const PREFILL_LEFT_MIN: f64 = 1e-6;
+
 /// The steps of a prediction are bounded (a queue of a few dozen waiters needs one per grant,
 /// prefill and completion).
 const STEPS_MAX: usize = 10_000;
@@ -190,7 +194,9 @@ fn next(
 
 fn grant(model: &CostModel, run: &mut Vec<Slot>, counters: &mut [f64], p: Pending, waiter: usize) {
     counters[p.group] += p.prompt as f64;
-    let prefill_left = model.prefill(p.prompt, context_of(run)).max(1e-6);
+    let prefill_left = model
+        .prefill(p.prompt, context_of(run))
+        .max(PREFILL_LEFT_MIN);
     run.push(Slot {
         r: Running {
             prompt: p.prompt,

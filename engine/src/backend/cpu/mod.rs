@@ -227,11 +227,6 @@ impl Backend for CpuBackend {
         src[..len].to_vec()
     }
 
-    fn download_owned(&self, mut src: Vec<f32>, len: usize) -> Vec<f32> {
-        src.truncate(len);
-        src
-    }
-
     fn host_view<'a>(&self, src: &'a Vec<f32>, len: usize) -> std::borrow::Cow<'a, [f32]> {
         std::borrow::Cow::Borrowed(&src[..len])
     }

@@ -42,8 +42,6 @@ const OUTPUT_SHARE_GAIN: f64 = 0.2;
 /// the later it is). The model's own time is kept to the end: a floor that bit earlier froze
 /// every waiter's prediction for the prefill's last part (a 4K prefill's last 0.4 s).
 const PREFILL_OVERRUN_SHARE: f64 = 0.5;
-/// What the simulation counts as a prefill still running (0 would count as past it).
-const PREFILL_LEFT_EPSILON: f64 = 1e-6;
 /// The margin of a prediction `p` is the [`MARGIN_QUANTILE`] of the last [`MARGIN_PAIRS`] first
 /// tokens' lateness per root second ([`crate::predict::History::shortfall`]) times √max(p, 1 s),
 /// at most [`MARGIN_MAX`] of `p` (beyond that the model is wrong, not noisy: its refit is the
@@ -114,7 +112,7 @@ impl State {
                         let late = (spent - own).max(0.0);
                         (own - spent)
                             .max(PREFILL_OVERRUN_SHARE * late)
-                            .max(PREFILL_LEFT_EPSILON)
+                            .max(predict::PREFILL_LEFT_MIN)
                     }
                     None => own,
                 };
