@@ -16,15 +16,33 @@ use crate::BoxFuture;
 /// What a stage answers.
 pub type Answer = BoxFuture<Result<Response<GatewayBody>, GatewayError>>;
 
+/// The rest of the stack, as a stage receives it: a ready service it may move into its answer.
+pub trait Inner<B>:
+    Service<
+        Request<B>,
+        Response = Response<GatewayBody>,
+        Error = GatewayError,
+        Future: Send + 'static,
+    > + Send
+    + 'static
+{
+}
+
+impl<S, B> Inner<B> for S where
+    S: Service<
+            Request<B>,
+            Response = Response<GatewayBody>,
+            Error = GatewayError,
+            Future: Send + 'static,
+        > + Send
+        + 'static
+{
+}
+
 /// One stage around the inner service.
 pub trait Around<B> {
     /// Answers `req`, calling `inner` (ready) if and when it sees fit.
-    fn around<S>(&self, req: Request<B>, inner: S) -> Answer
-    where
-        S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>
-            + Send
-            + 'static,
-        S::Future: Send + 'static;
+    fn around<S: Inner<B>>(&self, req: Request<B>, inner: S) -> Answer;
 }
 
 /// The layer of an [`Around`] stage.
@@ -59,11 +77,7 @@ pub struct AroundService<S, A> {
 
 impl<S, A, B> Service<Request<B>> for AroundService<S, A>
 where
-    S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: Inner<B> + Clone,
     A: Around<B>,
 {
     type Response = Response<GatewayBody>;

@@ -19,17 +19,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::Request;
 use http_body_util::BodyExt;
 use tokio::time::Instant;
-use tower::Service;
 
-use super::around::{Answer, Around};
+use super::around::{Answer, Around, Inner};
 use super::auth::Caller;
 use super::cap::MaxTokens;
 use super::count::PromptTokens;
 use super::rate_limit::{limited, RateLimit};
-use crate::body::{GatewayBody, Tap, TapBody};
+use crate::body::{Tap, TapBody};
 use crate::error::GatewayError;
 use crate::policy::{Class, Tenant};
 use crate::shared::{budget as shared_budget, Arrival, Arrived, Ask, Rate, Refused, Shared};
@@ -222,13 +221,7 @@ impl Budget {
 }
 
 impl<B: Send + 'static> Around<B> for Budget {
-    fn around<S>(&self, mut req: Request<B>, mut inner: S) -> Answer
-    where
-        S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
-    {
+    fn around<S: Inner<B>>(&self, mut req: Request<B>, mut inner: S) -> Answer {
         let ext = req.extensions();
         let class = Caller::class_of(ext);
         let tenant = ext.get::<Caller>().and_then(|c| c.tenant.clone());

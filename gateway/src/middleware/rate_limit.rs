@@ -20,13 +20,11 @@ use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
-use http::{Request, Response};
-use tower::Service;
+use http::Request;
 
-use super::around::{Answer, Around};
+use super::around::{Answer, Around, Inner};
 use super::auth::Caller;
 use super::check::Check;
-use crate::body::GatewayBody;
 use crate::error::GatewayError;
 use crate::policy::Tenant;
 use crate::shared::{Ask, Rate, Refused, Shared};
@@ -141,13 +139,7 @@ impl<B> Check<B> for RateLimit {
 impl<B: Send + 'static> Around<B> for RateLimit {
     /// The check; then with `[shared]`, for a tenant with a rate and no budget, the arrival's
     /// script (the rate and the lease's try) before the body is parsed.
-    fn around<S>(&self, mut req: Request<B>, mut inner: S) -> Answer
-    where
-        S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
-    {
+    fn around<S: Inner<B>>(&self, mut req: Request<B>, mut inner: S) -> Answer {
         if let Err(e) = self.check(&mut req) {
             return Box::pin(std::future::ready(Err(e)));
         }

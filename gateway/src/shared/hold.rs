@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use http::{HeaderValue, Request, Response};
 use http_body_util::BodyExt;
-use tower::{Service, ServiceExt};
+use tower::ServiceExt;
 
 use super::{Arrival, Lease, Shared};
 use crate::body::{BoxError, GatewayBody, Tap, TapBody};
 use crate::error::GatewayError;
 use crate::middleware::admission::{Admission, QueueTime};
-use crate::middleware::around::{Answer, Around};
+use crate::middleware::around::{Answer, Around, Inner};
 use crate::middleware::auth::Caller;
 use crate::policy::PolicyStore;
 
@@ -48,13 +48,7 @@ impl SharedCeiling {
 }
 
 impl<B: Send + 'static> Around<B> for SharedCeiling {
-    fn around<S>(&self, req: Request<B>, mut inner: S) -> Answer
-    where
-        S: Service<Request<B>, Response = Response<GatewayBody>, Error = GatewayError>
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
-    {
+    fn around<S: Inner<B>>(&self, req: Request<B>, mut inner: S) -> Answer {
         let Some(shared) = self.shared.clone() else {
             return Box::pin(inner.call(req));
         };

@@ -1,6 +1,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::Response;
 use http_body_util::BodyExt;
 
 use super::*;

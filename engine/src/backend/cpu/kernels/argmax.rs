@@ -17,7 +17,7 @@ pub fn argmax_with(level: SimdLevel, logits: &[f32]) -> u32 {
         SimdLevel::Avx512 | SimdLevel::Avx512Vnni => unsafe { x86::argmax(logits) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level is clamped to the detected one, so AVX2 is present.
-        SimdLevel::Avx2 => unsafe { x86::argmax_avx2(logits) },
+        SimdLevel::Avx2 | SimdLevel::Avx2Vnni => unsafe { x86::argmax_avx2(logits) },
         _ => portable(logits),
     }
 }

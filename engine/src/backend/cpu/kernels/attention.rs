@@ -152,7 +152,7 @@ pub fn attend_rows_with(
             n_ctx0,
             scale,
         };
-        if level == SimdLevel::Avx2 {
+        if matches!(level, SimdLevel::Avx2 | SimdLevel::Avx2Vnni) {
             // SAFETY: the level is clamped to the detected one, so AVX2, FMA and F16C are
             // present; every used block lies inside both caches and `q` holds every row's heads
             // (asserted above); `out` holds the rows.

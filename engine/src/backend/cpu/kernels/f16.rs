@@ -20,7 +20,7 @@ pub fn to_f16_with(level: SimdLevel, src: &[f32], dst: &mut [u16]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level is clamped to the detected one, so F16C is present (the AVX2 level
         // requires it); the lengths are equal.
-        SimdLevel::Avx2 => unsafe { x86::to_f16_f16c(src, dst) },
+        SimdLevel::Avx2 | SimdLevel::Avx2Vnni => unsafe { x86::to_f16_f16c(src, dst) },
         _ => {
             for (d, &s) in dst.iter_mut().zip(src) {
                 *d = half::f16::from_f32(s).to_bits();

@@ -20,7 +20,7 @@ pub fn dot_f32_with(level: SimdLevel, a: &[f32], b: &[f32]) -> f32 {
             unsafe { x86::dot_f32_avx512(a, b) }
         }
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => {
+        SimdLevel::Avx2 | SimdLevel::Avx2Vnni => {
             // SAFETY: the clamped level guarantees AVX2 + FMA; lengths are equal.
             unsafe { x86::dot_f32_avx2(a, b) }
         }
@@ -43,7 +43,7 @@ pub fn axpy_with(level: SimdLevel, a: f32, x: &[f32], y: &mut [f32]) {
             unsafe { x86::axpy_avx512(a, x, y) }
         }
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => {
+        SimdLevel::Avx2 | SimdLevel::Avx2Vnni => {
             // SAFETY: the clamped level guarantees AVX2 + FMA; lengths are equal.
             unsafe { x86::axpy_avx2(a, x, y) }
         }

@@ -262,15 +262,12 @@ pub(crate) enum LaneKernel {
 }
 
 impl LaneKernel {
-    /// The kernel that serves `level` on this CPU (`None` for the portable level): at AVX2, only
-    /// a CPU with AVX-VNNI leaves `vpmaddubsw`.
+    /// The kernel that serves `level` (`None` for the portable level).
     pub(crate) fn for_level(level: SimdLevel) -> Option<LaneKernel> {
         match level {
             SimdLevel::Avx512Vnni => Some(LaneKernel::Avx512Vnni),
             SimdLevel::Avx512 => Some(LaneKernel::Avx512MaddUbs),
-            SimdLevel::Avx2 if std::arch::is_x86_feature_detected!("avxvnni") => {
-                Some(LaneKernel::AvxVnni)
-            }
+            SimdLevel::Avx2Vnni => Some(LaneKernel::AvxVnni),
             SimdLevel::Avx2 => Some(LaneKernel::Avx2MaddUbs),
             SimdLevel::Scalar => None,
         }
@@ -364,13 +361,13 @@ mod tests {
 
         /// Whether this CPU can run the kernel at the level `SLUICE_SIMD` allows.
         fn supported(self) -> bool {
-            use std::arch::is_x86_feature_detected as has;
             let needs = match self {
-                LaneKernel::Avx2MaddUbs | LaneKernel::AvxVnni => SimdLevel::Avx2,
+                LaneKernel::Avx2MaddUbs => SimdLevel::Avx2,
+                LaneKernel::AvxVnni => SimdLevel::Avx2Vnni,
                 LaneKernel::Avx512MaddUbs => SimdLevel::Avx512,
                 LaneKernel::Avx512Vl | LaneKernel::Avx512Vnni => SimdLevel::Avx512Vnni,
             };
-            needs.clamp() == needs && (self != LaneKernel::AvxVnni || has!("avxvnni"))
+            needs.clamp() == needs
         }
     }
 

@@ -17,9 +17,10 @@
 //! every quantized weight at load): 16 weight rows side by side, one per lane, so one
 //! int-to-float conversion serves 16 rows.
 //!
-//! The instruction set is detected once ([`simd_level`]); `SLUICE_SIMD=scalar|avx2|avx512`
-//! caps it (`avx512` is AVX-512 without VNNI; `avx512vnni` or unset, the best the CPU has), and
-//! the `*_with` functions let tests pick a level explicitly (never above the detected one, so
+//! The instruction set is detected once ([`simd_level`]);
+//! `SLUICE_SIMD=scalar|avx2|avx2vnni|avx512` caps it (`avx2` is AVX2 without AVX-VNNI, as on the
+//! AVX2-only EPYCs; `avx512` is AVX-512 without VNNI; `avx512vnni` or unset, the best the CPU
+//! has), and the `*_with` functions let tests pick a level explicitly (never above the detected one, so
 //! forcing a level can only select a slower path, never an unsupported instruction).
 
 use std::ops::Range;
@@ -183,8 +184,11 @@ impl<'a> QMatrix<'a> {
 pub enum SimdLevel {
     /// Portable Rust, no `std::arch`.
     Scalar,
-    /// AVX2 + FMA + F16C.
+    /// AVX2 + FMA + F16C: byte dot products by `vpmaddubsw` (the AVX2-only AMD EPYCs).
     Avx2,
+    /// AVX2 with AVX-VNNI (`avxvnni`: Alder Lake and later, Sapphire Rapids, Zen 5): byte dot
+    /// products by `vpdpbusd` on ymm; every other kernel is AVX2's.
+    Avx2Vnni,
     /// AVX-512 F/BW/VL (plus FMA and F16C) without VNNI: byte dot products by `vpmaddubsw`.
     Avx512,
     /// AVX-512 F/BW/VL with VNNI (plus FMA and F16C): byte dot products by `vpdpbusd`.
@@ -193,9 +197,10 @@ pub enum SimdLevel {
 
 impl SimdLevel {
     /// Every level, slowest first.
-    pub const ALL: [SimdLevel; 4] = [
+    pub const ALL: [SimdLevel; 5] = [
         SimdLevel::Scalar,
         SimdLevel::Avx2,
+        SimdLevel::Avx2Vnni,
         SimdLevel::Avx512,
         SimdLevel::Avx512Vnni,
     ];
@@ -205,44 +210,75 @@ impl SimdLevel {
         match self {
             SimdLevel::Scalar => "scalar",
             SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx2Vnni => "avx2vnni",
             SimdLevel::Avx512 => "avx512",
             SimdLevel::Avx512Vnni => "avx512vnni",
         }
     }
 
-    /// The levels below this one, which `SLUICE_SIMD` can force on a CPU that runs this one.
+    /// The levels below this one that this CPU runs, which `SLUICE_SIMD` can force.
     pub fn lower(self) -> impl Iterator<Item = SimdLevel> {
         SimdLevel::ALL
             .into_iter()
-            .filter(move |l| l.rank() < self.rank())
+            .filter(move |l| l.rank() < self.rank() && l.runs_here())
     }
 
     fn rank(self) -> u8 {
         match self {
             SimdLevel::Scalar => 1,
             SimdLevel::Avx2 => 2,
-            SimdLevel::Avx512 => 3,
-            SimdLevel::Avx512Vnni => 4,
+            SimdLevel::Avx2Vnni => 3,
+            SimdLevel::Avx512 => 4,
+            SimdLevel::Avx512Vnni => 5,
         }
     }
 
     fn from_rank(r: u8) -> SimdLevel {
-        match r {
-            4 => SimdLevel::Avx512Vnni,
-            3 => SimdLevel::Avx512,
-            2 => SimdLevel::Avx2,
-            _ => SimdLevel::Scalar,
-        }
+        SimdLevel::ALL
+            .into_iter()
+            .find(|l| l.rank() == r)
+            .unwrap_or(SimdLevel::Scalar)
     }
 
-    /// `self`, lowered to what this CPU supports.
+    /// The best level at or below `self` (in rank) that this CPU runs. The levels are not a
+    /// chain of supersets: an AVX-512 VNNI Xeon of 2019-2021 has no AVX-VNNI, so below its own
+    /// level comes `avx512`, then `avx2`.
+    fn best_at_or_below(self) -> SimdLevel {
+        SimdLevel::ALL
+            .into_iter()
+            .rev()
+            .find(|l| l.rank() <= self.rank() && l.runs_here())
+            .unwrap_or(SimdLevel::Scalar)
+    }
+
+    /// `self`, lowered to what this CPU supports under `SLUICE_SIMD`'s cap.
     fn clamp(self) -> SimdLevel {
         let best = simd_level();
         if self.rank() <= best.rank() {
-            self
+            self.best_at_or_below()
         } else {
             best
         }
+    }
+
+    /// Whether this CPU has every instruction the level's kernels use.
+    #[cfg(target_arch = "x86_64")]
+    fn runs_here(self) -> bool {
+        use std::arch::is_x86_feature_detected as has;
+        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+        let avx512 = avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl");
+        match self {
+            SimdLevel::Scalar => true,
+            SimdLevel::Avx2 => avx2,
+            SimdLevel::Avx2Vnni => avx2 && has!("avxvnni"),
+            SimdLevel::Avx512 => avx512,
+            SimdLevel::Avx512Vnni => avx512 && has!("avx512vnni"),
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn runs_here(self) -> bool {
+        self == SimdLevel::Scalar
     }
 }
 
@@ -260,44 +296,18 @@ pub fn simd_level() -> SimdLevel {
 }
 
 fn detect() -> SimdLevel {
-    let hw = detect_hw();
     let cap = match std::env::var("SLUICE_SIMD") {
         Ok(v) => SimdLevel::ALL
             .into_iter()
             .find(|l| l.name() == v.trim())
             .unwrap_or_else(|| {
-                let known = "scalar, avx2, avx512, avx512vnni";
+                let known = "scalar, avx2, avx2vnni, avx512, avx512vnni";
                 tracing::warn!(value = %v, known, "unknown SLUICE_SIMD; not capping");
                 SimdLevel::Avx512Vnni
             }),
         Err(_) => SimdLevel::Avx512Vnni,
     };
-    if cap.rank() < hw.rank() {
-        cap
-    } else {
-        hw
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn detect_hw() -> SimdLevel {
-    use std::arch::is_x86_feature_detected as has;
-    let avx2 = has!("avx2") && has!("fma") && has!("f16c");
-    let avx512 = avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl");
-    if avx512 && has!("avx512vnni") {
-        SimdLevel::Avx512Vnni
-    } else if avx512 {
-        SimdLevel::Avx512
-    } else if avx2 {
-        SimdLevel::Avx2
-    } else {
-        SimdLevel::Scalar
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn detect_hw() -> SimdLevel {
-    SimdLevel::Scalar
+    cap.best_at_or_below()
 }
 
 /// Dequantizes one stored row (any supported dtype) into f32.

@@ -142,7 +142,7 @@ pub(crate) fn quantize_rows(
             unsafe { quantize_avx512(x, qs, ds) }
         }
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => {
+        SimdLevel::Avx2 | SimdLevel::Avx2Vnni => {
             // SAFETY: callers pass a level no higher than the detected one; lengths checked above.
             unsafe { quantize_avx2(x, qs, ds) }
         }

@@ -39,7 +39,7 @@ unsafe fn dispatch(level: SimdLevel, g: *const f32, u: *const f32, out: *mut f32
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level is clamped to the detected one, so AVX2 and FMA are present; the
         // pointers are the caller's promise.
-        SimdLevel::Avx2 => unsafe { x86::silu_mul_avx2(g, u, out, len) },
+        SimdLevel::Avx2 | SimdLevel::Avx2Vnni => unsafe { x86::silu_mul_avx2(g, u, out, len) },
         _ => {
             for i in 0..len {
                 // SAFETY: `i < len` (caller's promise); each element is read before written.

@@ -27,7 +27,7 @@ impl Rng {
     }
 }
 
-const ALL_LEVELS: [SimdLevel; 4] = SimdLevel::ALL;
+const ALL_LEVELS: [SimdLevel; 5] = SimdLevel::ALL;
 
 /// The levels this CPU really runs (others would be clamped to one of these).
 pub(super) fn levels() -> Vec<SimdLevel> {
@@ -519,9 +519,17 @@ fn qmatrix_validates_shape() {
 #[test]
 fn forced_levels_never_exceed_the_cpu() {
     for level in ALL_LEVELS {
-        assert!(level.clamp().rank() <= simd_level().rank());
+        let forced = level.clamp();
+        assert!(forced.rank() <= simd_level().rank() && forced.rank() <= level.rank());
+        assert!(
+            forced.runs_here(),
+            "{level:?} lowered to {forced:?}, which this CPU lacks"
+        );
     }
     assert_eq!(SimdLevel::Scalar.clamp(), SimdLevel::Scalar);
+    for level in simd_level().lower() {
+        assert!(level.runs_here() && level.clamp() == level);
+    }
 }
 
 /// Prefill-sized product, enough rows for many tiles and tasks with 2 threads.
