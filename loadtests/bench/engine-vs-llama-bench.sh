@@ -5,11 +5,13 @@
 #   loadtests/bench/engine-vs-llama-bench.sh OUT_DIR
 #
 # For each level in LEVELS (default "native avx2"): sluice-engine (SLUICE_SIMD=<level> unless
-# native), then llama-bench from PEER_<LEVEL> (for avx2, a build without AVX-512), each first
-# at 512 prompt tokens and 128 decode tokens (REPS repetitions), then 4,096 and 8,192 prompt
-# tokens once. Raw output in OUT_DIR/<level>-{engine,llama}.txt.
+# native), then llama-bench from PEER_<LEVEL> (for avx2 and avx2vnni, builds without AVX-512:
+# build-peer-level.sh), each first at 512 prompt tokens and 128 decode tokens (REPS
+# repetitions), then 4,096 and 8,192 prompt tokens once. Raw output in
+# OUT_DIR/<level>-{engine,llama}.txt.
 #
-# Environment: CARGO_TARGET_DIR (default target), PEER_NATIVE, PEER_AVX2, LEVELS, REPS (3).
+# Environment: CARGO_TARGET_DIR (default target), PEER_NATIVE, PEER_AVX2, PEER_AVX2VNNI, LEVELS,
+# REPS (3).
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."

@@ -43,11 +43,18 @@ EOF_POLICY
 }
 
 # llama.cpp peers per SIMD level (engine-vs-llama-*.sh): the build of
-# shared/tools/build-llama-cpp.sh, and one built with -DGGML_AVX512=OFF standing in for the
-# AVX2-only CPUs.
+# shared/tools/build-llama-cpp.sh, and those of build-peer-level.sh without AVX-512: without
+# AVX-VNNI standing in for the AVX2-only CPUs, and with it.
 PEER_NATIVE=${PEER_NATIVE:-/tmp/peer/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin}
 PEER_AVX2=${PEER_AVX2:-/tmp/peer-avx2/build/bin}
+PEER_AVX2VNNI=${PEER_AVX2VNNI:-/tmp/peer-avx2vnni/build/bin}
 # The command prefix that forces a SIMD level on the engine (none for native), and the
 # llama.cpp build for that level.
 simd_of() { [[ $1 == native ]] || echo "env SLUICE_SIMD=$1"; }
-peer_of() { if [[ $1 == avx2 ]]; then echo "$PEER_AVX2"; else echo "$PEER_NATIVE"; fi; }
+peer_of() {
+    case $1 in
+        avx2) echo "$PEER_AVX2" ;;
+        avx2vnni) echo "$PEER_AVX2VNNI" ;;
+        *) echo "$PEER_NATIVE" ;;
+    esac
+}
