@@ -5,7 +5,8 @@
 //! instruction set). Prints µs per call and GMAC/s for each shape whose name contains FILTER at
 //! each m (best of many batches) and estimates the matmuls of a whole step per m; then, unless
 //! FILTER names none of them, one layer's batch-8 decode attention, one KV head's prefill
-//! attention at 512, 4,096 and 8,192 positions, and a fused decode layer.
+//! attention at 512, 4,096 and 8,192 positions (`KB_POSITIONS=N,N,...` for others), and a fused
+//! decode layer.
 
 use std::time::{Duration, Instant};
 
@@ -151,7 +152,11 @@ fn main() {
         attention_bench(budget);
     }
     if "prefill attention".contains(filter.as_str()) {
-        prefill_attention_bench(budget, &[512, 4096, 8192]);
+        let ns: Vec<usize> = std::env::var("KB_POSITIONS")
+            .ok()
+            .map(|v| v.split(',').filter_map(|n| n.parse().ok()).collect())
+            .unwrap_or_else(|| vec![512, 4096, 8192]);
+        prefill_attention_bench(budget, &ns);
     }
     if !filter.is_empty() {
         return;

@@ -1,19 +1,28 @@
-//! Tiled attention with an online softmax (FlashAttention's scheme, on the CPU): a tile of query
-//! rows × the query heads of one KV head meets the keys a block of 16 positions at a time.
+//! Tiled attention with an online softmax (FlashAttention's scheme, on the CPU), written once over
+//! [`F16x16`] (AVX2 instantiates it with two ymm registers; a NEON file would with four q
+//! registers): a tile of up to 48 queries (query rows × the query heads of one KV head: a prefill
+//! task's 16 rows × 3 heads) meets the keys a block of 16 positions at a time.
 //!
-//! Per key block, each key element (16 positions in one vector, the keys being stored transposed)
-//! is loaded and widened once and met by every query of the tile (one FMA each), and the block's
-//! values are widened once into a scratch block that every query of the tile then reads. Each
-//! query keeps a running maximum `m`, a running sum `l` (in 16 lanes) and its weighted sum of
-//! values `acc`; a block whose maximum exceeds `m` rescales them by `exp(m - m')`. Keys and values
-//! are read once per tile instead of once per query row, and no scores are stored: the cost is
-//! that of two small matrix products per block.
+//! Per key block:
+//! - scores, a few queries at a time (6 on AVX2: 12 ymm registers, one chain a query): each key
+//!   element (16 positions in one vector, the keys being stored transposed) is widened once per
+//!   group and met by every query of the group; the block's 2 KB of keys come from memory for the
+//!   first group and from L1 for the others;
+//! - each query's softmax step: a block maximum above the running one rescales the query's running
+//!   sum and weighted sum of values by `exp(old - new)`; the weights `exp(score - max)`;
+//! - the weighted sum of values, as many queries at a time as their accumulators fit in registers
+//!   (one query of 64 floats on AVX2): each value vector (widened once per tile into a scratch
+//!   block) meets every query of the group.
 //!
-//! Every query row runs the same operations in the same order whatever tile, task or call it is
-//! in (its own causal limit decides which blocks and lanes it takes), so prefill rows, chunked
-//! prefill rows and decode rows give identical bits, and a row's result does not depend on the
-//! batch. The kernel is written once over [`F16x16`]; AVX2 instantiates it. AVX-512 has its own
-//! register-blocked twin of the scheme in `flash512` (larger tiles, broadcasts from memory).
+//! Keys and values are read from L3 once per tile instead of once per query row, and no scores are
+//! stored: the cost is that of two small matrix products per block.
+//!
+//! Every query runs the same operations in the same order whatever tile, group, task or call it
+//! is in: it takes the blocks below its own causal limit, its lanes past the limit score -inf
+//! (weight 0), and it meets all 16 value rows of a block (past the tile's last position zeros),
+//! so prefill rows, chunked prefill rows and decode rows give identical bits, and a row's result
+//! does not depend on the batch. AVX-512 has its own register-blocked twin in `flash512` (32
+//! registers, broadcasts from memory).
 
 use super::simd16::F16x16;
 #[cfg(target_arch = "x86_64")]
@@ -70,141 +79,159 @@ pub(super) fn takes(hd: usize, block_size: usize) -> bool {
 /// `out` holds the rows' outputs.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn run_avx2(kv: &KvHead, c: &Call, out: &mut [f32]) {
-    // 6 score vectors (12 of the 16 ymm registers): two rows of a 3-head group; one query at a
-    // time in the weighted sum of values. (One row with two chains a query: 118 against 102 ms
-    // for 4,096 positions of one KV head, kernel_bench; decode 5% faster.)
+    // Scores 6 queries at a time (12 of the 16 ymm registers, one chain a query); values 4
+    // vectors of accumulators (8 ymm) at a time: one query of a 64-float head.
     // SAFETY: forwarded.
-    unsafe { tiles::<Ymm2, 6, 1>(kv, c, out) }
+    unsafe { tiles::<Ymm2, 6, 4>(kv, c, out) }
 }
 
-/// The call's rows in tiles of up to `RH / heads` rows (at least one) × all heads (in groups of
-/// `RH` when there are more), `G` queries at a time in the weighted sum of values.
+/// Most queries in one tile: a prefill task's 16 rows × 3 heads, so that a long context's keys
+/// and values stream from L3 once per 48 queries (not once per 6, which made 8,192 positions
+/// 5.5× the attention time of 4,096 on a Zen 3 with 512 KB of L2 a core).
+const TILE: usize = 48;
+/// Most queries in a small tile (a decode row of a 3- or 4-head group), whose scratch costs
+/// little to set up.
+const SMALL_TILE: usize = 4;
+
+/// The call's rows in tiles of up to `TILE / heads` rows (at least one) × all heads (in groups
+/// of `TILE` when there are more); scores `QK` queries at a time, the weighted sum of values
+/// with `PV` vectors of accumulators at a time.
 ///
 /// # Safety
-/// As [`run`], with `V`'s features.
+/// As [`run_avx2`], with `V`'s features.
 #[inline(always)]
-unsafe fn tiles<V: F16x16, const RH: usize, const G: usize>(
+unsafe fn tiles<V: F16x16, const QK: usize, const PV: usize>(
     kv: &KvHead,
     c: &Call,
     out: &mut [f32],
 ) {
-    let width = c.heads * c.hd;
-    let n_rows = out.len() / width;
-    let rows_per_tile = (RH / c.heads).max(1);
-    let heads_per_tile = c.heads.min(RH);
-    let mut r0 = 0;
-    while r0 < n_rows {
-        let nr = rows_per_tile.min(n_rows - r0);
-        let mut g0 = 0;
-        while g0 < c.heads {
-            let ng = heads_per_tile.min(c.heads - g0);
-            let t = Tile { r0, g0, ng };
-            macro_rules! go {
-                ($($nq:literal)*) => {
-                    match (nr * ng, c.hd / 16) {
-                        // SAFETY: rows `r0..r0 + nr` and heads `g0..g0 + ng` exist (forwarded
-                        // contract), `nr * ng` queries; `takes` allowed 2, 4 or 8 vectors a head.
-                        $(($nq, 2) if $nq <= RH => unsafe { tile::<V, $nq, 2, G>(kv, c, t, out) },
-                        ($nq, 4) if $nq <= RH => unsafe { tile::<V, $nq, 4, G>(kv, c, t, out) },
-                        ($nq, 8) if $nq <= RH => unsafe { tile::<V, $nq, 8, G>(kv, c, t, out) },)*
-                        (n, nv) => unreachable!("tile of {n} queries of {nv} vectors"),
-                    }
-                };
-            }
-            go!(1 2 3 4 5 6 7 8 9 10 11 12);
-            g0 += ng;
+    // SAFETY: forwarded; `takes` allowed heads of 2, 4 or 8 vectors.
+    unsafe {
+        match c.hd / 16 {
+            2 => tiles_of::<V, 2, QK, PV>(kv, c, out),
+            4 => tiles_of::<V, 4, QK, PV>(kv, c, out),
+            8 => tiles_of::<V, 8, QK, PV>(kv, c, out),
+            nv => unreachable!("head of {nv} vectors"),
         }
-        r0 += nr;
     }
 }
 
-/// Where a tile lies: rows from `r0`, heads `g0..g0 + ng`; query `i` is row `r0 + i / ng`, head
-/// `g0 + i % ng`.
+/// [`tiles`] for heads of `NV` vectors.
+///
+/// # Safety
+/// As [`tiles`], with `c.hd == 16 * NV`.
+#[inline(always)]
+unsafe fn tiles_of<V: F16x16, const NV: usize, const QK: usize, const PV: usize>(
+    kv: &KvHead,
+    c: &Call,
+    out: &mut [f32],
+) {
+    let n_rows = out.len() / (c.heads * c.hd);
+    let rows_per_tile = (TILE / c.heads).max(1);
+    let heads_per_tile = c.heads.min(TILE);
+    for r0 in (0..n_rows).step_by(rows_per_tile) {
+        let nr = rows_per_tile.min(n_rows - r0);
+        for g0 in (0..c.heads).step_by(heads_per_tile) {
+            let t = Tile {
+                r0,
+                nr,
+                g0,
+                ng: heads_per_tile.min(c.heads - g0),
+            };
+            // SAFETY: the tile's rows and heads exist; `nr * ng <= TILE`.
+            unsafe {
+                if t.nr * t.ng <= SMALL_TILE {
+                    tile::<V, NV, SMALL_TILE, QK, PV>(kv, c, t, out)
+                } else {
+                    tile::<V, NV, TILE, QK, PV>(kv, c, t, out)
+                }
+            }
+        }
+    }
+}
+
+/// Where a tile lies: rows `r0..r0 + nr`, heads `g0..g0 + ng`; query `i` is row `r0 + i / ng`,
+/// head `g0 + i % ng`.
 #[derive(Clone, Copy)]
 struct Tile {
     r0: usize,
+    nr: usize,
     g0: usize,
     ng: usize,
 }
 
-/// The `NQ` queries (of `NV` vectors) of tile `t`: their outputs in `out`.
+/// The queries of tile `t` (at most `T`, of `NV` vectors): their outputs in `out`.
 ///
 /// # Safety
-/// As [`run`], with `V`'s features; the tile's rows and heads exist; `c.hd == 16 * NV`.
+/// As [`tiles`]; the tile's rows and heads exist; `t.nr * t.ng <= T`; `c.hd == 16 * NV`.
 #[inline(always)]
-unsafe fn tile<V: F16x16, const NQ: usize, const NV: usize, const G: usize>(
+unsafe fn tile<V: F16x16, const NV: usize, const T: usize, const QK: usize, const PV: usize>(
     kv: &KvHead,
     c: &Call,
     t: Tile,
     out: &mut [f32],
 ) {
-    let (hd, ng) = (c.hd, t.ng);
-    debug_assert!(hd == 16 * NV);
-    let qs: [*const f32; NQ] = std::array::from_fn(|i| {
-        c.q[(t.r0 + i / ng) * c.q_stride + (t.g0 + i % ng) * hd..][..hd].as_ptr()
-    });
-    // Positions below `limit[i]` are query `i`'s (causal).
-    let limit: [usize; NQ] = std::array::from_fn(|i| c.n_ctx0 + t.r0 + i / ng);
-    let mut max = [f32::NEG_INFINITY; NQ];
+    let (hd, nq) = (c.hd, t.nr * t.ng);
+    debug_assert!(hd == 16 * NV && nq <= T);
+    let mut qs = [std::ptr::null::<f32>(); T];
+    // Positions below `limit[i]` are query `i`'s (causal); non-decreasing in `i`.
+    let mut limit = [0usize; T];
+    for i in 0..nq {
+        let (r, g) = (t.r0 + i / t.ng, t.g0 + i % t.ng);
+        qs[i] = c.q[r * c.q_stride + g * hd..][..hd].as_ptr();
+        limit[i] = c.n_ctx0 + r;
+    }
+    let pv_group = (PV / NV).max(1);
+    let (kp, vp) = (kv.k.as_ptr(), kv.v.as_ptr());
+    let n_blocks = limit[nq - 1].div_ceil(BLOCK);
     // SAFETY (whole body): `V`'s features are the caller's promise; every key and value read
-    // lies in a block of the sequence's table below the last row's limit, inside both caches
-    // (checked by `attend_rows`); scratch arrays are local.
+    // lies in a block of the sequence's table below the last query's limit, inside both caches
+    // (checked by `attend_rows`); each query holds `hd` floats; scratch arrays are local.
     unsafe {
-        let mut sum = [V::zero(); NQ];
-        let mut acc = [[V::zero(); NV]; NQ];
+        let mut max = [f32::NEG_INFINITY; T];
+        let mut sum = [V::zero(); T];
+        let mut acc = [[V::zero(); NV]; T];
+        let mut score = [V::zero(); T];
+        let mut w = [[0f32; BLOCK]; T];
         let mut vals = [[V::zero(); NV]; BLOCK];
-        let mut w = [[0f32; BLOCK]; NQ];
-        let (kp, vp) = (kv.k.as_ptr(), kv.v.as_ptr());
-        let n_blocks = limit[NQ - 1].div_ceil(BLOCK);
         for b in 0..n_blocks {
             let base = kv.blocks[b] as usize * kv.block_stride;
             prefetch_next_block(kv, n_blocks, b);
-            // The scores of the tile's queries for the block's 16 positions, one chain each,
-            // each key vector widened once for all queries.
-            let mut score = [V::zero(); NQ];
-            for d in 0..hd {
-                let k = V::load_f16(kp.add(base + BLOCK * d));
-                for i in 0..NQ {
-                    score[i] = V::splat(*qs[i].add(d)).fmadd(k, score[i]);
+            // The queries from `first` on reach this block.
+            let first = limit[..nq].partition_point(|&l| l <= BLOCK * b);
+            // Scores, `QK` queries at a time: the block's keys (2 KB at 64 floats a head) come
+            // from memory for the first group and from L1 for the others.
+            let keys = kp.add(base);
+            let mut i = first;
+            while i < nq {
+                let g = QK.min(nq - i);
+                macro_rules! go {
+                    ($($n:literal)*) => {
+                        match g {
+                            $($n if $n <= QK => scores::<V, $n>(keys, &qs[i..], hd, &mut score[i..]),)*
+                            _ => unreachable!("group of {g} queries"),
+                        }
+                    };
                 }
-            }
-            // The block's values, widened once for the tile (unless one group of queries takes
-            // them, widening each as it goes); past the tile's last position zeros (a cache slot
-            // not yet written may hold anything, and weighs 0).
-            let tile_live = (limit[NQ - 1] - BLOCK * b).min(BLOCK);
-            let value = |p: usize| -> [V; NV] {
-                if p < tile_live {
-                    std::array::from_fn(|j| V::load_f16(vp.add(base + p * hd + 16 * j)))
-                } else {
-                    [V::zero(); NV]
-                }
-            };
-            if NQ > G {
-                for (p, row) in vals.iter_mut().enumerate() {
-                    *row = value(p);
-                }
+                go!(1 2 3 4 5 6 7 8 9 10 11 12);
+                i += g;
             }
             // Each query's softmax step: new maximum, rescale, weights.
-            let mut alpha = [1f32; NQ];
-            let mut active = [false; NQ];
-            for i in 0..NQ {
-                let Some(live) = limit[i].checked_sub(BLOCK * b).filter(|&l| l > 0) else {
-                    continue;
-                };
-                active[i] = true;
+            for i in first..nq {
+                let live = (limit[i] - BLOCK * b).min(BLOCK);
                 let mut sc = score[i].mul(V::splat(c.scale));
                 if live < BLOCK {
                     sc = sc.keep(live, f32::NEG_INFINITY);
                 }
-                // A new maximum rescales what came before by exp(old - new), which is exactly 1
-                // when the maximum stays: then nothing is rescaled.
+                // A new maximum rescales what came before by exp(old - new); when the maximum
+                // stays, nothing is rescaled.
                 if sc.any_gt(max[i]) {
                     let m = sc.max_lane();
-                    alpha[i] = (max[i] - m).exp();
+                    let alpha = V::splat((max[i] - m).exp());
                     max[i] = m;
-                    sum[i] = sum[i].mul(V::splat(alpha[i]));
+                    sum[i] = sum[i].mul(alpha);
                     for a in acc[i].iter_mut() {
-                        *a = a.mul(V::splat(alpha[i]));
+                        *a = a.mul(alpha);
                     }
                 }
                 // Past `live` the weights are exp(-inf) = 0.
@@ -212,31 +239,137 @@ unsafe fn tile<V: F16x16, const NQ: usize, const NV: usize, const G: usize>(
                 sum[i] = sum[i].add(e);
                 e.store(w[i].as_mut_ptr());
             }
-            // The weighted sum of values, `G` queries sharing each value load; every query
-            // takes all 16 positions (weights 0 past its own), so its sums are the same in any
-            // tile.
-            for i0 in (0..NQ).step_by(G) {
-                for p in 0..BLOCK {
-                    let v = if NQ > G { vals[p] } else { value(p) };
-                    for i in i0..(i0 + G).min(NQ) {
-                        if !active[i] {
-                            continue;
-                        }
-                        let wp = V::splat(w[i][p]);
-                        for j in 0..NV {
-                            acc[i][j] = wp.fmadd(v[j], acc[i][j]);
-                        }
-                    }
+            // The block's values: past the tile's last position zeros (a cache slot not yet
+            // written may hold anything, and weighs 0). Widened once into `vals` when more than
+            // one group of queries reads them.
+            let tile_live = (limit[nq - 1] - BLOCK * b).min(BLOCK);
+            let src = Values {
+                values: vp.add(base),
+                tile_live,
+            };
+            let widen = nq - first > pv_group;
+            if widen {
+                for (p, row) in vals.iter_mut().enumerate() {
+                    *row = src.row(p, hd);
                 }
             }
+            let mut i = first;
+            while i < nq {
+                let g = pv_group.min(nq - i);
+                let wide = widen.then_some(&vals);
+                macro_rules! go {
+                    ($($n:literal)*) => {
+                        match g {
+                            $($n if $n <= pv_group => weigh::<V, NV, $n>(src, wide, &w[i..], hd, &mut acc[i..]),)*
+                            _ => unreachable!("group of {g} queries"),
+                        }
+                    };
+                }
+                go!(1 2 3 4);
+                i += g;
+            }
         }
-        for i in 0..NQ {
+        for i in 0..nq {
             let total = V::splat(sum[i].sum_lanes());
-            let (r, g) = (t.r0 + i / ng, t.g0 + i % ng);
+            let (r, g) = (t.r0 + i / t.ng, t.g0 + i % t.ng);
             let dst = out[(r * c.heads + g) * hd..][..hd].as_mut_ptr();
             for (j, a) in acc[i].iter().enumerate() {
                 a.div(total).store(dst.add(16 * j));
             }
         }
     }
+}
+
+/// The raw scores (before scaling) of `G` queries for a block's 16 positions: per key element
+/// `d`, one widened load of the 16 keys' element `d` and an FMA with `q[d]` broadcast for each
+/// query, one chain a query in element order (the same in any group).
+///
+/// # Safety
+/// `V`'s features; `keys` is a block of `hd * 16` transposed keys; each of the first `G` queries
+/// holds `hd` floats; `out` has `G` slots.
+#[inline(always)]
+unsafe fn scores<V: F16x16, const G: usize>(
+    keys: *const u16,
+    q: &[*const f32],
+    hd: usize,
+    out: &mut [V],
+) {
+    let mut qg = [std::ptr::null::<f32>(); G];
+    qg.copy_from_slice(&q[..G]);
+    let q = qg;
+    // SAFETY: elements `d < hd` of the keys and queries (caller's promise).
+    unsafe {
+        let mut s = [V::zero(); G];
+        for d in 0..hd {
+            let k = V::load_f16(keys.add(BLOCK * d));
+            for g in 0..G {
+                s[g] = V::splat(*q[g].add(d)).fmadd(k, s[g]);
+            }
+        }
+        out[..G].copy_from_slice(&s);
+    }
+}
+
+/// A block's values in the cache: positions from `tile_live` on read as zeros.
+#[derive(Clone, Copy)]
+struct Values {
+    values: *const u16,
+    tile_live: usize,
+}
+
+impl Values {
+    /// Position `p`'s values, widened (zeros from `tile_live` on).
+    ///
+    /// # Safety
+    /// `V`'s features; the block holds `16 * hd` values, written below `tile_live`;
+    /// `hd == 16 * NV`.
+    #[inline(always)]
+    unsafe fn row<V: F16x16, const NV: usize>(self, p: usize, hd: usize) -> [V; NV] {
+        // (Loops, not `array::from_fn`: its closure is a function without the kernel's
+        // features, which is not inlined and made the kernel 3x slower.)
+        // SAFETY: `V`'s features (caller's promise).
+        let mut row = [unsafe { V::zero() }; NV];
+        if p < self.tile_live {
+            for (j, v) in row.iter_mut().enumerate() {
+                // SAFETY: position `p` of the block was written (caller's promise).
+                *v = unsafe { V::load_f16(self.values.add(p * hd + 16 * j)) };
+            }
+        }
+        row
+    }
+}
+
+/// Adds the block's weighted values to the accumulators of `G` queries: per position, the value
+/// vectors (from `wide`, widened once for the tile, or else from the cache) meet each query's
+/// weight broadcast, in position order (the same in any group).
+///
+/// # Safety
+/// As [`Values::row`]; `w` and `acc` have `G` slots.
+#[inline(always)]
+unsafe fn weigh<V: F16x16, const NV: usize, const G: usize>(
+    src: Values,
+    wide: Option<&[[V; NV]; BLOCK]>,
+    w: &[[f32; BLOCK]],
+    hd: usize,
+    acc: &mut [[V; NV]],
+) {
+    // SAFETY: `V`'s features (caller's promise).
+    let mut a = [[unsafe { V::zero() }; NV]; G];
+    a.copy_from_slice(&acc[..G]);
+    for p in 0..BLOCK {
+        // SAFETY: forwarded.
+        let v = match wide {
+            Some(rows) => rows[p],
+            None => unsafe { src.row::<V, NV>(p, hd) },
+        };
+        for g in 0..G {
+            // SAFETY: `V`'s features (caller's promise).
+            let wp = unsafe { V::splat(w[g][p]) };
+            for j in 0..NV {
+                // SAFETY: as above.
+                a[g][j] = unsafe { wp.fmadd(v[j], a[g][j]) };
+            }
+        }
+    }
+    acc[..G].copy_from_slice(&a);
 }

@@ -25,6 +25,7 @@
 use std::arch::x86_64::*;
 
 use super::flash::{prefetch_next_block, Call, BLOCK};
+use super::vexp::softmax::{C, LOG2E_HI, LOG2E_LO};
 use super::KvHead;
 
 /// Most queries in one tile.
@@ -54,18 +55,6 @@ unsafe fn load_f16(p: *const u16) -> __m512 {
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn exp16(x: __m512) -> __m512 {
-    const LOG2E_HI: f32 = std::f32::consts::LOG2_E;
-    const LOG2E_LO: f32 = 1.925_963e-8;
-    // ln(2)^k / k!, k = 7 down to 1.
-    const C: [f32; 7] = [
-        1.525_273_4e-5,
-        1.540_353_1e-4,
-        1.333_355_8e-3,
-        9.618_129e-3,
-        5.550_411e-2,
-        2.402_265e-1,
-        std::f32::consts::LN_2,
-    ];
     let x = _mm512_max_ps(x, _mm512_set1_ps(-150.0));
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
         _mm512_mul_ps(x, _mm512_set1_ps(LOG2E_HI)),

@@ -4,6 +4,25 @@
 #[cfg(target_arch = "x86_64")]
 pub(super) use x86::{exp, exp_avx2};
 
+/// The constants of the tiled attention kernels' softmax `exp` (`ymm2::exp8`, `flash512::exp16`),
+/// faster than glibc's and within 2 ulps of it for `x <= 0`: `2^(x log2 e)` split into `2^n` and
+/// `2^f`, `|f| <= 1/2`, `f` from `x` with `log2 e` in two parts, `2^f` by its Taylor polynomial of
+/// degree 7 (error below 1e-8 relative), Horner's scheme from `C[0]`, then 1.
+pub(super) mod softmax {
+    pub(in super::super) const LOG2E_HI: f32 = std::f32::consts::LOG2_E;
+    pub(in super::super) const LOG2E_LO: f32 = 1.925_963e-8;
+    /// `ln(2)^k / k!`, k = 7 down to 1.
+    pub(in super::super) const C: [f32; 7] = [
+        1.525_273_4e-5,
+        1.540_353_1e-4,
+        1.333_355_8e-3,
+        9.618_129e-3,
+        5.550_411e-2,
+        2.402_265e-1,
+        std::f32::consts::LN_2,
+    ];
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;

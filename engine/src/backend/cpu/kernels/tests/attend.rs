@@ -15,12 +15,13 @@ fn attention_rows_match_reference() {
         (40, 5, 5, 4, 130),
         (128, 16, 2, 2, 20),
         (40, 16, 4, 1, 33),
-        // Several tiles of the tiled kernel (8 or 2 rows of 3 heads, 24 or 6 rows of one).
+        // Several tiles of the tiled kernels (16 rows of 3 heads and a rest, groups of 7 heads
+        // split in 6 + 1, small tiles of a row of 1 to 4 queries).
         (64, 16, 3, 19, 5),
         (64, 16, 1, 30, 40),
         (32, 16, 7, 3, 70),
-        // Tiles of the AVX-512 kernel: one full tile of 16 rows x 3 heads from the first
-        // position, 48 + 22 rows of one head, heads of 8 vectors (3 a value group), 24 rows of 2.
+        // One full tile of 16 rows x 3 heads from the first position, 48 + 22 rows of one head,
+        // heads of 8 vectors (more accumulators than registers), 24 rows of 2.
         (64, 16, 3, 16, 1),
         (64, 16, 1, 70, 3),
         (128, 16, 3, 20, 20),
@@ -172,33 +173,42 @@ fn exp_matches_libm(level: SimdLevel) {
     assert_eq!(vexp::exp8(level, &[-1e4; 8])[0], 0.0);
 }
 
-/// The AVX-512 tiled kernel's softmax `exp` within 2 ulps of `f32::exp` over [-104, 0] (where a
-/// weight is a normal float), and exactly 0 for -inf and below -150 (masked lanes weigh nothing).
+/// The tiled kernels' softmax `exp` (AVX2's 8 lanes, AVX-512's 16) within 2 ulps of `f32::exp`
+/// over [-104, 0] (where a weight is a normal float or close to one), and exactly 0 for -inf and
+/// below -150 (masked lanes weigh nothing).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn tiled_softmax_exp_is_within_two_ulps() {
-    if SimdLevel::Avx512.clamp() != SimdLevel::Avx512 {
-        return;
+    if SimdLevel::Avx2.clamp() == SimdLevel::Avx2 {
+        // SAFETY: AVX2 and FMA are present (the level runs here).
+        softmax_exp_is_within_two_ulps("avx2", |x: &[f32; 8]| unsafe { ymm2::exp8_for_test(x) });
     }
+    if SimdLevel::Avx512.clamp() == SimdLevel::Avx512 {
+        // SAFETY: AVX-512 F is present (the level runs here).
+        softmax_exp_is_within_two_ulps("avx512", |x: &[f32; 16]| unsafe {
+            flash512::exp16_for_test(x)
+        });
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn softmax_exp_is_within_two_ulps<const N: usize>(what: &str, exp: impl Fn(&[f32; N]) -> [f32; N]) {
     let mut worst = 0u32;
     let xs: Vec<f32> = (0..1 << 20)
         .map(|i| -104.0 * i as f32 / (1 << 20) as f32)
-        .chain([0.0, -0.0, -1e-30, -87.3])
+        .chain([0.0, -0.0, -1e-30, -87.3, -126.0 * std::f32::consts::LN_2])
         .collect();
-    for c in xs.chunks(16) {
-        let mut x = [0f32; 16];
+    for c in xs.chunks(N) {
+        let mut x = [0f32; N];
         x[..c.len()].copy_from_slice(c);
-        // SAFETY: AVX-512 F is present (its level is supported).
-        let got = unsafe { flash512::exp16_for_test(&x) };
-        for (&x, g) in x.iter().zip(got) {
+        for (&x, g) in x.iter().zip(exp(&x)) {
             worst = worst.max(g.to_bits().abs_diff(x.exp().to_bits()));
         }
     }
-    assert!(worst <= 2, "tiled exp: {worst} ulps off");
-    let mut x = [-150.5f32; 16];
+    assert!(worst <= 2, "{what} tiled exp: {worst} ulps off");
+    let mut x = [-150.5f32; N];
     x[0] = f32::NEG_INFINITY;
     x[1] = -1e4;
-    // SAFETY: as above.
-    let got = unsafe { flash512::exp16_for_test(&x) };
-    assert!(got.iter().all(|&g| g.to_bits() == 0), "{got:?}");
+    let got = exp(&x);
+    assert!(got.iter().all(|&g| g.to_bits() == 0), "{what}: {got:?}");
 }
