@@ -9,11 +9,10 @@ use super::vexp::softmax::{C, LOG2E_HI, LOG2E_LO};
 #[derive(Clone, Copy)]
 pub(super) struct Ymm2(__m256, __m256);
 
-/// `exp(x)` of 8 lanes for `x <= 0` (a softmax weight), within 2 ulps of `f32::exp`: `2^(x
-/// log2 e)` split into `2^n` and `2^f`, `|f| <= 1/2`, by its Taylor polynomial of degree 7
-/// (error below 1e-8 relative), `f` from `x` with `log2 e` in two parts, and `2^n` applied as two
-/// exponent-field factors so that results down to the subnormals are right. Below -150 the result
-/// is exactly 0 (the weight of a masked lane, -inf, included). 18 instructions against the 40 of
+/// `exp(x)` of 8 lanes for `x <= 0` (a softmax weight), within 2 ulps of `f32::exp`, by the
+/// algorithm of [`super::vexp::softmax`], with `2^n` applied as two exponent-field factors (AVX2
+/// has no `vscalefps`) so that results down to the subnormals are right. Below -150 the result is
+/// exactly 0 (the weight of a masked lane, -inf, included). 21 instructions against the 40 of
 /// glibc's algorithm in f64 (`vexp`), which made a fifth of the tiled attention's time.
 #[inline(always)]
 unsafe fn exp8(x: __m256) -> __m256 {
