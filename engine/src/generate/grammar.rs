@@ -8,6 +8,8 @@
 //! A grammar can wait for a trigger ([`GrammarSpec::After`], llama.cpp's lazy grammars): the
 //! output is free, and costs no mask, until the trigger text appears in it; from the trigger's
 //! first byte on, the output must match the grammar.
+//!
+//! Grammars that write JSON (a schema, tool calls) bound their numbers' digits ([`NumberBound`]).
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
+use super::numbers::{leading_digits, NumberBound};
 use crate::model::tokenizer::Tokenizer;
 use crate::transport::message::TokenMask;
 
@@ -25,6 +28,9 @@ pub enum GrammarSpec {
     Regex(String),
     /// llguidance's Lark dialect (which embeds JSON schemas as `%json {...}`).
     Lark(String),
+    /// A Lark grammar of `<tool_call>` blocks whose text besides its `%json` values has no
+    /// quotes or digits: compiled as [`GrammarSpec::Lark`], with JSON's number bound.
+    ToolCalls(String),
     /// Free text until `trigger` appears in the output; from there on, `then` (which starts
     /// with the trigger's text).
     After {
@@ -58,6 +64,8 @@ impl TokenizerEnv for Env {
 /// Compiles grammars for one tokenizer.
 pub struct Grammars {
     factory: ParserFactory,
+    /// Each token's leading digits, for [`NumberBound`].
+    leading: Arc<[u8]>,
 }
 
 impl std::fmt::Debug for Grammars {
@@ -84,13 +92,14 @@ impl Grammars {
                 }
             })
             .collect();
+        let leading = leading_digits(words.iter().cloned());
         let mut info = TokRxInfo::new(n as u32, eos);
         info.tok_bos = tokenizer.bos_id();
         let trie = TokTrie::from(&info, &words);
         let env: TokEnv = Arc::new(Env { trie, tokenizer });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         factory.quiet();
-        Ok(Self { factory })
+        Ok(Self { factory, leading })
     }
 
     /// A fresh constraint for `spec`, or llguidance's reason it cannot compile.
@@ -98,7 +107,9 @@ impl Grammars {
         let grammar = match spec {
             GrammarSpec::JsonSchema(s) => TopLevelGrammar::from_json_schema(s.clone()),
             GrammarSpec::Regex(r) => TopLevelGrammar::from_regex(r),
-            GrammarSpec::Lark(l) => TopLevelGrammar::from_lark(l.clone()),
+            GrammarSpec::Lark(l) | GrammarSpec::ToolCalls(l) => {
+                TopLevelGrammar::from_lark(l.clone())
+            }
             GrammarSpec::After { trigger, then } => {
                 let mut c = self.compile(then)?;
                 c.waiting = Some(Waiting {
@@ -116,10 +127,12 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             return Err(e);
         }
+        let json = matches!(spec, GrammarSpec::JsonSchema(_) | GrammarSpec::ToolCalls(_));
         Ok(Constraint {
             matcher,
             env: self.factory.tok_env().clone(),
             waiting: None,
+            numbers: json.then(|| NumberBound::new(self.leading.clone())),
         })
     }
 }
@@ -152,6 +165,8 @@ pub struct Constraint {
     env: TokEnv,
     /// Set while the grammar waits for its trigger.
     waiting: Option<Waiting>,
+    /// Set where the grammar writes JSON.
+    numbers: Option<NumberBound>,
 }
 
 impl Clone for Constraint {
@@ -160,6 +175,7 @@ impl Clone for Constraint {
             matcher: self.matcher.deep_clone(),
             env: self.env.clone(),
             waiting: self.waiting.clone(),
+            numbers: self.numbers.clone(),
         }
     }
 }
@@ -187,10 +203,13 @@ impl Constraint {
         if self.waiting.is_some() {
             return Ok(None);
         }
-        let vob = self
+        let mut vob = self
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| e.to_string())?;
+        if let Some(numbers) = &self.numbers {
+            numbers.apply(&mut vob);
+        }
         let n_set = vob.num_set();
         let vocab = self.env.tok_trie().vocab_size() as u32;
         let n = vocab as usize;
@@ -220,15 +239,29 @@ impl Constraint {
     /// Follows a sampled token. Where it completes the trigger, the grammar takes the output
     /// from the trigger's first byte on.
     pub fn consume(&mut self, id: u32) -> Result<(), String> {
+        let bytes = self.env.tok_trie().decode_ext(&[id], false);
         let Some(waiting) = &mut self.waiting else {
-            return self.matcher.consume_token(id).map_err(|e| e.to_string());
+            self.matcher.consume_token(id).map_err(|e| e.to_string())?;
+            self.follow(&bytes);
+            return Ok(());
         };
-        let Some(from_trigger) = waiting.push(&self.env.tok_trie().decode_ext(&[id], false)) else {
+        let Some(from_trigger) = waiting.push(&bytes) else {
             return Ok(());
         };
         self.waiting = None;
         let ids = self.env.tokenize_bytes(&from_trigger);
-        self.matcher.consume_tokens(&ids).map_err(|e| e.to_string())
+        self.matcher
+            .consume_tokens(&ids)
+            .map_err(|e| e.to_string())?;
+        self.follow(&from_trigger);
+        Ok(())
+    }
+
+    /// The grammar's text grew by `bytes`.
+    fn follow(&mut self, bytes: &[u8]) {
+        if let Some(numbers) = &mut self.numbers {
+            numbers.push(bytes);
+        }
     }
 
     /// The grammar is complete and allows nothing more.
@@ -320,5 +353,34 @@ mod tests {
         let bad = ids("<a>x");
         let r: Result<(), String> = bad.iter().try_for_each(|&t| c.consume(t));
         assert!(r.is_err());
+    }
+
+    #[test]
+    fn a_schema_number_ends_after_sixteen_digits_a_part() {
+        let (g, tok) = grammars();
+        let spec = GrammarSpec::JsonSchema(json!({"type": "object",
+            "properties": {"v": {"type": "number"}}, "required": ["v"],
+            "additionalProperties": false, "x-guidance": {"whitespace_flexible": false}}));
+        let mut c = g.compile(&spec).unwrap();
+        let ids = |s: &str| tok.encode(s, false).unwrap();
+        let allows = |c: &mut Constraint, s: &str| {
+            let m = c.mask().unwrap().unwrap();
+            let id = ids(s)[0];
+            match m {
+                TokenMask::Only(ids) => ids.contains(&id),
+                TokenMask::Except { ids, .. } => !ids.contains(&id),
+                TokenMask::Bits(w) => w[id as usize / 64] >> (id % 64) & 1 == 1,
+            }
+        };
+        for t in ids("{\"v\":1234567890123456") {
+            c.consume(t).unwrap();
+        }
+        assert!(!allows(&mut c, "7") && allows(&mut c, ".") && allows(&mut c, "}"));
+        for t in ids(".999999999999999") {
+            c.consume(t).unwrap();
+        }
+        assert!(allows(&mut c, "9"));
+        c.consume(ids("9")[0]).unwrap();
+        assert!(!allows(&mut c, "9") && allows(&mut c, "e") && allows(&mut c, "}"));
     }
 }

@@ -2,6 +2,7 @@
 
 mod defaults;
 mod grammar;
+mod numbers;
 mod sampling;
 mod score;
 mod stop;

@@ -112,7 +112,7 @@ fn tool_grammar(tools: &[&ToolDef], parallel: bool) -> GrammarSpec {
     } else {
         "start: call"
     };
-    GrammarSpec::Lark(format!("{start}\ncall: {open} %json {schema} {close}\n"))
+    GrammarSpec::ToolCalls(format!("{start}\ncall: {open} %json {schema} {close}\n"))
 }
 
 /// The grammar of a chat request, if its output is constrained.
