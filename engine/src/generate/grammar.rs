@@ -92,7 +92,7 @@ impl Grammars {
                 }
             })
             .collect();
-        let leading = leading_digits(words.iter().cloned());
+        let leading = leading_digits(words.iter().map(Vec::as_slice));
         let mut info = TokRxInfo::new(n as u32, eos);
         info.tok_bos = tokenizer.bos_id();
         let trie = TokTrie::from(&info, &words);
@@ -239,13 +239,14 @@ impl Constraint {
     /// Follows a sampled token. Where it completes the trigger, the grammar takes the output
     /// from the trigger's first byte on.
     pub fn consume(&mut self, id: u32) -> Result<(), String> {
-        let bytes = self.env.tok_trie().decode_ext(&[id], false);
         let Some(waiting) = &mut self.waiting else {
             self.matcher.consume_token(id).map_err(|e| e.to_string())?;
-            self.follow(&bytes);
+            if let Some(numbers) = &mut self.numbers {
+                numbers.push(&self.env.tok_trie().decode_ext(&[id], false));
+            }
             return Ok(());
         };
-        let Some(from_trigger) = waiting.push(&bytes) else {
+        let Some(from_trigger) = waiting.push(&self.env.tok_trie().decode_ext(&[id], false)) else {
             return Ok(());
         };
         self.waiting = None;
@@ -253,15 +254,10 @@ impl Constraint {
         self.matcher
             .consume_tokens(&ids)
             .map_err(|e| e.to_string())?;
-        self.follow(&from_trigger);
-        Ok(())
-    }
-
-    /// The grammar's text grew by `bytes`.
-    fn follow(&mut self, bytes: &[u8]) {
         if let Some(numbers) = &mut self.numbers {
-            numbers.push(bytes);
+            numbers.push(&from_trigger);
         }
+        Ok(())
     }
 
     /// The grammar is complete and allows nothing more.
@@ -282,6 +278,15 @@ mod tests {
         (Grammars::new(tok.clone(), eos).unwrap(), tok)
     }
 
+    /// Whether `m` allows `id`.
+    fn allowed(m: &TokenMask, id: u32) -> bool {
+        match m {
+            TokenMask::Only(ids) => ids.contains(&id),
+            TokenMask::Except { ids, .. } => !ids.contains(&id),
+            TokenMask::Bits(w) => w[id as usize / 64] >> (id % 64) & 1 == 1,
+        }
+    }
+
     #[test]
     fn schemas_llguidance_cannot_compile_say_why() {
         let (g, _) = grammars();
@@ -300,11 +305,6 @@ mod tests {
     fn a_constraint_allows_only_what_the_grammar_can_continue_with() {
         let (g, tok) = grammars();
         let mut c = g.compile(&GrammarSpec::Regex("yes|no".into())).unwrap();
-        let allowed = |m: &TokenMask, id: u32| match m {
-            TokenMask::Only(ids) => ids.contains(&id),
-            TokenMask::Except { ids, .. } => !ids.contains(&id),
-            TokenMask::Bits(w) => w[id as usize / 64] >> (id % 64) & 1 == 1,
-        };
         let ids = |s: &str| tok.encode(s, false).unwrap();
         let m = c.mask().unwrap().unwrap();
         assert!(allowed(&m, ids("y")[0]) && allowed(&m, ids("n")[0]));
@@ -340,12 +340,7 @@ mod tests {
             c.consume(t).unwrap();
         }
         let m = c.mask().unwrap().expect("constrained after the trigger");
-        let allowed = |id: u32| match &m {
-            TokenMask::Only(ids) => ids.contains(&id),
-            TokenMask::Except { ids, .. } => !ids.contains(&id),
-            TokenMask::Bits(w) => w[id as usize / 64] >> (id % 64) & 1 == 1,
-        };
-        assert!(allowed(ids("y")[0]) && !allowed(ids("x")[0]));
+        assert!(allowed(&m, ids("y")[0]) && !allowed(&m, ids("x")[0]));
         assert!(!c.is_stopped());
         // Text after the trigger that the grammar refuses is an error.
         let mut c = g.compile(&spec).unwrap();
@@ -363,15 +358,7 @@ mod tests {
             "additionalProperties": false, "x-guidance": {"whitespace_flexible": false}}));
         let mut c = g.compile(&spec).unwrap();
         let ids = |s: &str| tok.encode(s, false).unwrap();
-        let allows = |c: &mut Constraint, s: &str| {
-            let m = c.mask().unwrap().unwrap();
-            let id = ids(s)[0];
-            match m {
-                TokenMask::Only(ids) => ids.contains(&id),
-                TokenMask::Except { ids, .. } => !ids.contains(&id),
-                TokenMask::Bits(w) => w[id as usize / 64] >> (id % 64) & 1 == 1,
-            }
-        };
+        let allows = |c: &mut Constraint, s: &str| allowed(&c.mask().unwrap().unwrap(), ids(s)[0]);
         for t in ids("{\"v\":1234567890123456") {
             c.consume(t).unwrap();
         }

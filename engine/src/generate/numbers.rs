@@ -76,7 +76,7 @@ impl NumberBound {
 }
 
 /// The count of ASCII digits each token's bytes start with (at most 255).
-pub fn leading_digits(tokens: impl Iterator<Item = Vec<u8>>) -> Arc<[u8]> {
+pub fn leading_digits<'a>(tokens: impl Iterator<Item = &'a [u8]>) -> Arc<[u8]> {
     tokens
         .map(|bytes| {
             bytes
@@ -95,11 +95,14 @@ mod tests {
     /// Tokens: 0 "1", 1 "23", 2 ",", 3 "\"", 4 "\\", 5 "x".
     fn bound() -> NumberBound {
         let vocab = ["1", "23", ",", "\"", "\\", "x"];
-        NumberBound::new(leading_digits(vocab.iter().map(|s| s.as_bytes().to_vec())))
+        NumberBound::new(leading_digits(vocab.iter().map(|s| s.as_bytes())))
     }
 
-    fn all(n: usize) -> SimpleVob {
-        SimpleVob::alloc_ones(n)
+    /// What `b` leaves of a mask that allows every token.
+    fn left(b: &NumberBound) -> SimpleVob {
+        let mut m = SimpleVob::alloc_ones(6);
+        b.apply(&mut m);
+        m
     }
 
     #[test]
@@ -107,17 +110,14 @@ mod tests {
         let mut b = bound();
         b.push(b"{\"v\":");
         b.push(&[b'7'; 15]);
-        let mut m = all(6);
-        b.apply(&mut m);
+        let m = left(&b);
         // 15 + "1" fits, 15 + "23" does not.
         assert!(m.is_allowed(0) && !m.is_allowed(1) && m.is_allowed(2));
         b.push(b"1");
-        let mut m = all(6);
-        b.apply(&mut m);
+        let m = left(&b);
         assert!(!m.is_allowed(0) && !m.is_allowed(1) && m.is_allowed(2) && m.is_allowed(5));
         b.push(b".");
-        let mut m = all(6);
-        b.apply(&mut m);
+        let m = left(&b);
         assert_eq!(m.num_set(), 6);
     }
 
@@ -126,14 +126,12 @@ mod tests {
         let mut b = bound();
         b.push(b"{\"id\":\"a\\\"");
         b.push(&[b'9'; 40]);
-        let mut m = all(6);
-        b.apply(&mut m);
+        let m = left(&b);
         assert_eq!(m.num_set(), 6);
         // The string ends; a number after it is bounded again.
         b.push(b"\",\"n\":");
         b.push(&[b'9'; 16]);
-        let mut m = all(6);
-        b.apply(&mut m);
+        let m = left(&b);
         assert!(!m.is_allowed(0) && m.is_allowed(2));
     }
 
