@@ -108,9 +108,9 @@ unsafe fn tiles<V: F16x16, const QK: usize, const PV: usize>(
     // SAFETY: forwarded; `takes` allowed heads of 2, 4 or 8 vectors.
     unsafe {
         match c.hd / 16 {
-            2 => tiles_of::<V, 2, QK, PV>(kv, c, out),
-            4 => tiles_of::<V, 4, QK, PV>(kv, c, out),
-            8 => tiles_of::<V, 8, QK, PV>(kv, c, out),
+            2 => tiles_nv::<V, 2, QK, PV>(kv, c, out),
+            4 => tiles_nv::<V, 4, QK, PV>(kv, c, out),
+            8 => tiles_nv::<V, 8, QK, PV>(kv, c, out),
             nv => unreachable!("head of {nv} vectors"),
         }
     }
@@ -121,30 +121,18 @@ unsafe fn tiles<V: F16x16, const QK: usize, const PV: usize>(
 /// # Safety
 /// As [`tiles`], with `c.hd == 16 * NV`.
 #[inline(always)]
-unsafe fn tiles_of<V: F16x16, const NV: usize, const QK: usize, const PV: usize>(
+unsafe fn tiles_nv<V: F16x16, const NV: usize, const QK: usize, const PV: usize>(
     kv: &KvHead,
     c: &Call,
     out: &mut [f32],
 ) {
-    let n_rows = out.len() / (c.heads * c.hd);
-    let rows_per_tile = (TILE / c.heads).max(1);
-    let heads_per_tile = c.heads.min(TILE);
-    for r0 in (0..n_rows).step_by(rows_per_tile) {
-        let nr = rows_per_tile.min(n_rows - r0);
-        for g0 in (0..c.heads).step_by(heads_per_tile) {
-            let t = Tile {
-                r0,
-                nr,
-                g0,
-                ng: heads_per_tile.min(c.heads - g0),
-            };
-            // SAFETY: the tile's rows and heads exist; `nr * ng <= TILE`.
-            unsafe {
-                if t.nr * t.ng <= SMALL_TILE {
-                    tile::<V, NV, SMALL_TILE, QK, PV>(kv, c, t, out)
-                } else {
-                    tile::<V, NV, TILE, QK, PV>(kv, c, t, out)
-                }
+    for t in tiles_of(c, out, TILE) {
+        // SAFETY: the tile's rows and heads exist; it holds at most `TILE` queries.
+        unsafe {
+            if t.queries() <= SMALL_TILE {
+                tile::<V, NV, SMALL_TILE, QK, PV>(kv, c, t, out)
+            } else {
+                tile::<V, NV, TILE, QK, PV>(kv, c, t, out)
             }
         }
     }
@@ -153,17 +141,54 @@ unsafe fn tiles_of<V: F16x16, const NV: usize, const QK: usize, const PV: usize>
 /// Where a tile lies: rows `r0..r0 + nr`, heads `g0..g0 + ng`; query `i` is row `r0 + i / ng`,
 /// head `g0 + i % ng`.
 #[derive(Clone, Copy)]
-struct Tile {
-    r0: usize,
-    nr: usize,
-    g0: usize,
-    ng: usize,
+pub(super) struct Tile {
+    pub r0: usize,
+    pub nr: usize,
+    pub g0: usize,
+    pub ng: usize,
+}
+
+impl Tile {
+    pub fn queries(self) -> usize {
+        self.nr * self.ng
+    }
+}
+
+/// A call's rows in tiles of up to `most / heads` rows (at least one) × all heads (in groups of
+/// `most` when there are more), in order.
+pub(super) fn tiles_of(c: &Call, out: &[f32], most: usize) -> impl Iterator<Item = Tile> {
+    let n_rows = out.len() / (c.heads * c.hd);
+    let rows_per_tile = (most / c.heads).max(1);
+    let heads_per_tile = c.heads.min(most);
+    let heads = c.heads;
+    (0..n_rows).step_by(rows_per_tile).flat_map(move |r0| {
+        let nr = rows_per_tile.min(n_rows - r0);
+        (0..heads).step_by(heads_per_tile).map(move |g0| Tile {
+            r0,
+            nr,
+            g0,
+            ng: heads_per_tile.min(heads - g0),
+        })
+    })
+}
+
+/// A tile's queries and their causal limits: positions below `limit[i]` are query `i`'s
+/// (non-decreasing in `i`).
+pub(super) fn tile_queries<const T: usize>(c: &Call, t: Tile) -> ([*const f32; T], [usize; T]) {
+    let mut qs = [std::ptr::null::<f32>(); T];
+    let mut limit = [0usize; T];
+    for i in 0..t.queries() {
+        let (r, g) = (t.r0 + i / t.ng, t.g0 + i % t.ng);
+        qs[i] = c.q[r * c.q_stride + g * c.hd..][..c.hd].as_ptr();
+        limit[i] = c.n_ctx0 + r;
+    }
+    (qs, limit)
 }
 
 /// The queries of tile `t` (at most `T`, of `NV` vectors): their outputs in `out`.
 ///
 /// # Safety
-/// As [`tiles`]; the tile's rows and heads exist; `t.nr * t.ng <= T`; `c.hd == 16 * NV`.
+/// As [`tiles`]; the tile's rows and heads exist; `t.queries() <= T`; `c.hd == 16 * NV`.
 #[inline(always)]
 unsafe fn tile<V: F16x16, const NV: usize, const T: usize, const QK: usize, const PV: usize>(
     kv: &KvHead,
@@ -171,16 +196,9 @@ unsafe fn tile<V: F16x16, const NV: usize, const T: usize, const QK: usize, cons
     t: Tile,
     out: &mut [f32],
 ) {
-    let (hd, nq) = (c.hd, t.nr * t.ng);
+    let (hd, nq) = (c.hd, t.queries());
     debug_assert!(hd == 16 * NV && nq <= T);
-    let mut qs = [std::ptr::null::<f32>(); T];
-    // Positions below `limit[i]` are query `i`'s (causal); non-decreasing in `i`.
-    let mut limit = [0usize; T];
-    for i in 0..nq {
-        let (r, g) = (t.r0 + i / t.ng, t.g0 + i % t.ng);
-        qs[i] = c.q[r * c.q_stride + g * hd..][..hd].as_ptr();
-        limit[i] = c.n_ctx0 + r;
-    }
+    let (qs, limit) = tile_queries::<T>(c, t);
     let pv_group = (PV / NV).max(1);
     let (kp, vp) = (kv.k.as_ptr(), kv.v.as_ptr());
     let n_blocks = limit[nq - 1].div_ceil(BLOCK);

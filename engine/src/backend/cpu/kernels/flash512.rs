@@ -24,7 +24,7 @@
 
 use std::arch::x86_64::*;
 
-use super::flash::{prefetch_next_block, Call, BLOCK};
+use super::flash::{prefetch_next_block, tile_queries, tiles_of, Call, Tile, BLOCK};
 use super::vexp::softmax::{C, LOG2E_HI, LOG2E_LO};
 use super::KvHead;
 
@@ -95,55 +95,109 @@ pub(super) unsafe fn run(kv: &KvHead, c: &Call, out: &mut [f32]) {
 /// As [`run`], with `c.hd == 16 * NV`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn tiles<const NV: usize>(kv: &KvHead, c: &Call, out: &mut [f32]) {
-    let n_rows = out.len() / (c.heads * c.hd);
-    let rows_per_tile = (TILE / c.heads).max(1);
-    let heads_per_tile = c.heads.min(TILE);
-    for r0 in (0..n_rows).step_by(rows_per_tile) {
-        let nr = rows_per_tile.min(n_rows - r0);
-        for g0 in (0..c.heads).step_by(heads_per_tile) {
-            let ng = heads_per_tile.min(c.heads - g0);
-            // SAFETY: rows `r0..r0 + nr` and heads `g0..g0 + ng` exist; `nr * ng <= TILE`.
-            // A decode row's few queries take a small tile, whose scratch costs little to
-            // initialize (a full tile's 25 KB made a decode call at 64 positions 60% slower).
-            unsafe {
-                if nr * ng <= SMALL_TILE {
-                    tile::<NV, SMALL_TILE>(kv, c, r0, nr, g0, ng, out)
-                } else {
-                    tile::<NV, TILE>(kv, c, r0, nr, g0, ng, out)
+    for t in tiles_of(c, out, TILE) {
+        // SAFETY: the tile's rows and heads exist and hold at most `TILE` queries.
+        // A decode row's few queries take a small tile, whose scratch costs little to
+        // initialize (a full tile's 25 KB made a decode call at 64 positions 60% slower).
+        unsafe {
+            if t.queries() <= SMALL_TILE {
+                tile::<NV, SMALL_TILE>(kv, c, t, out)
+            } else {
+                tile::<NV, TILE>(kv, c, t, out)
+            }
+        };
+    }
+}
+
+/// One tile's running softmax: per query the maximum score so far, the sum of weights (16
+/// lanes) and the weighted sum of values (`NV` vectors).
+pub(super) struct Running<const NV: usize, const T: usize> {
+    pub max: [f32; T],
+    pub sum: [__m512; T],
+    pub acc: [[__m512; NV]; T],
+}
+
+impl<const NV: usize, const T: usize> Running<NV, T> {
+    #[target_feature(enable = "avx512f")]
+    pub fn new() -> Self {
+        Running {
+            max: [f32::NEG_INFINITY; T],
+            sum: [_mm512_setzero_ps(); T],
+            acc: [[_mm512_setzero_ps(); NV]; T],
+        }
+    }
+
+    /// The softmax step of block `b` for queries `first..nq` (their raw scores in `score`): a
+    /// block maximum above the running one rescales what came before by `exp(old - new)`; the
+    /// weights `exp(score - max)`, 0 past the query's limit, go to `w`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn step(
+        &mut self,
+        scale: f32,
+        b: usize,
+        first: usize,
+        nq: usize,
+        limit: &[usize; T],
+        score: &[__m512; T],
+        w: &mut [[f32; BLOCK]; T],
+    ) {
+        let scale = _mm512_set1_ps(scale);
+        for i in first..nq {
+            let live = (limit[i] - BLOCK * b).min(BLOCK);
+            let mut sc = _mm512_mul_ps(score[i], scale);
+            if live < BLOCK {
+                let keep = ((1u32 << live) - 1) as __mmask16;
+                sc = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), keep, sc);
+            }
+            // When the maximum stays, nothing is rescaled.
+            if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(sc, _mm512_set1_ps(self.max[i])) != 0 {
+                let m = _mm512_reduce_max_ps(sc);
+                let alpha = _mm512_set1_ps((self.max[i] - m).exp());
+                self.max[i] = m;
+                self.sum[i] = _mm512_mul_ps(self.sum[i], alpha);
+                for a in self.acc[i].iter_mut() {
+                    *a = _mm512_mul_ps(*a, alpha);
                 }
-            };
+            }
+            // Past `live` the weights are exp(-inf) = 0.
+            let e = exp16(_mm512_sub_ps(sc, _mm512_set1_ps(self.max[i])));
+            self.sum[i] = _mm512_add_ps(self.sum[i], e);
+            // SAFETY: 16 floats of `w[i]`.
+            unsafe { _mm512_storeu_ps(w[i].as_mut_ptr(), e) };
+        }
+    }
+
+    /// Each query's weighted sum over its sum of weights, into the call's output.
+    ///
+    /// # Safety
+    /// The tile's rows and heads exist in `out`; `c.hd == 16 * NV`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub unsafe fn finish(&self, c: &Call, t: Tile, out: &mut [f32]) {
+        for i in 0..t.queries() {
+            let total = _mm512_set1_ps(_mm512_reduce_add_ps(self.sum[i]));
+            let (r, g) = (t.r0 + i / t.ng, t.g0 + i % t.ng);
+            let dst = out[(r * c.heads + g) * c.hd..][..c.hd].as_mut_ptr();
+            for (j, &a) in self.acc[i].iter().enumerate() {
+                // SAFETY: the query's output holds `hd = 16 * NV` floats.
+                unsafe { _mm512_storeu_ps(dst.add(16 * j), _mm512_div_ps(a, total)) };
+            }
         }
     }
 }
 
-/// The `nr * ng` queries of rows `r0..r0 + nr`, heads `g0..g0 + ng` (query `i` is row
-/// `r0 + i / ng`, head `g0 + i % ng`): their outputs in `out`.
+/// The queries of tile `t`: their outputs in `out`.
 ///
 /// # Safety
-/// As [`run`]; the rows and heads exist; `nr * ng <= T`; `c.hd == 16 * NV`.
+/// As [`run`]; the tile's rows and heads exist; `t.queries() <= T`; `c.hd == 16 * NV`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile<const NV: usize, const T: usize>(
-    kv: &KvHead,
-    c: &Call,
-    r0: usize,
-    nr: usize,
-    g0: usize,
-    ng: usize,
-    out: &mut [f32],
-) {
-    let (hd, nq) = (c.hd, nr * ng);
+unsafe fn tile<const NV: usize, const T: usize>(kv: &KvHead, c: &Call, t: Tile, out: &mut [f32]) {
+    let (hd, nq) = (c.hd, t.queries());
     debug_assert!(hd == 16 * NV && nq <= T);
-    let mut qs = [std::ptr::null::<f32>(); T];
-    // Positions below `limit[i]` are query `i`'s (causal); non-decreasing in `i`.
-    let mut limit = [0usize; T];
-    for i in 0..nq {
-        qs[i] = c.q[(r0 + i / ng) * c.q_stride + (g0 + i % ng) * hd..][..hd].as_ptr();
-        limit[i] = c.n_ctx0 + r0 + i / ng;
-    }
-    let mut max = [f32::NEG_INFINITY; T];
-    let mut sum = [_mm512_setzero_ps(); T];
-    let mut acc = [[_mm512_setzero_ps(); NV]; T];
+    let (qs, limit) = tile_queries::<T>(c, t);
+    let mut run = Running::<NV, T>::new();
     let mut score = [_mm512_setzero_ps(); T];
     let mut w = [[0f32; BLOCK]; T];
     let mut vals = [[_mm512_setzero_ps(); NV]; BLOCK];
@@ -174,32 +228,7 @@ unsafe fn tile<const NV: usize, const T: usize>(
                 i += g;
             }
         }
-        // Each query's softmax step.
-        let scale = _mm512_set1_ps(c.scale);
-        for i in first..nq {
-            let live = (limit[i] - BLOCK * b).min(BLOCK);
-            let mut sc = _mm512_mul_ps(score[i], scale);
-            if live < BLOCK {
-                let keep = ((1u32 << live) - 1) as __mmask16;
-                sc = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), keep, sc);
-            }
-            // A new maximum rescales what came before by exp(old - new); when the maximum
-            // stays, nothing is rescaled.
-            if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(sc, _mm512_set1_ps(max[i])) != 0 {
-                let m = _mm512_reduce_max_ps(sc);
-                let alpha = _mm512_set1_ps((max[i] - m).exp());
-                max[i] = m;
-                sum[i] = _mm512_mul_ps(sum[i], alpha);
-                for a in acc[i].iter_mut() {
-                    *a = _mm512_mul_ps(*a, alpha);
-                }
-            }
-            // Past `live` the weights are exp(-inf) = 0.
-            let e = exp16(_mm512_sub_ps(sc, _mm512_set1_ps(max[i])));
-            sum[i] = _mm512_add_ps(sum[i], e);
-            // SAFETY: 16 floats of `w[i]`.
-            unsafe { _mm512_storeu_ps(w[i].as_mut_ptr(), e) };
-        }
+        run.step(c.scale, b, first, nq, &limit, &score, &mut w);
         // The block's values: past the tile's last position zeros (a cache slot not yet written
         // may hold anything, and weighs 0). Widened once into `vals` when more than one group
         // of queries reads them.
@@ -232,7 +261,7 @@ unsafe fn tile<const NV: usize, const T: usize>(
                 macro_rules! go {
                     ($($n:literal)*) => {
                         match g {
-                            $($n if $n * NV <= PV_REGS => weigh::<NV, $n>(src, &w[i..], hd, &mut acc[i..]),)*
+                            $($n if $n * NV <= PV_REGS => weigh::<NV, $n>(src, &w[i..], hd, &mut run.acc[i..]),)*
                             _ => unreachable!(),
                         }
                     };
@@ -242,15 +271,8 @@ unsafe fn tile<const NV: usize, const T: usize>(
             i += g;
         }
     }
-    for i in 0..nq {
-        let total = _mm512_set1_ps(_mm512_reduce_add_ps(sum[i]));
-        let (r, g) = (r0 + i / ng, g0 + i % ng);
-        let dst = out[(r * c.heads + g) * hd..][..hd].as_mut_ptr();
-        for (j, &a) in acc[i].iter().enumerate() {
-            // SAFETY: the query's output holds `hd = 16 * NV` floats.
-            unsafe { _mm512_storeu_ps(dst.add(16 * j), _mm512_div_ps(a, total)) };
-        }
-    }
+    // SAFETY: the tile's rows and heads exist (caller's promise).
+    unsafe { run.finish(c, t, out) };
 }
 
 /// The raw scores (before scaling) of `G` queries for a block's 16 positions: per key element
