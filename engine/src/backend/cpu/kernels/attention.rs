@@ -5,7 +5,7 @@ use std::cell::RefCell;
 
 use super::SimdLevel;
 #[cfg(target_arch = "x86_64")]
-use super::{flash, flash512};
+use super::{flash, flash512, flash_bf16};
 
 /// One KV head of one sequence in a paged cache of f16 keys and values (as bits: llama.cpp's
 /// default cache type; half the bytes a decode step streams, and exact to widen).
@@ -157,8 +157,11 @@ pub fn attend_rows_with(
             // present; every used block lies inside both caches and `q` holds every row's heads
             // (asserted above); `out` holds the rows.
             unsafe { flash::run_avx2(kv, &call, out) };
+        } else if level == SimdLevel::Avx512Bf16 {
+            // SAFETY: as above, with AVX-512 F/BW/VL/BF16.
+            unsafe { flash_bf16::run(kv, &call, out) };
         } else {
-            // SAFETY: as above, with AVX-512 F/BW/VL (both AVX-512 levels).
+            // SAFETY: as above, with AVX-512 F/BW/VL (both other AVX-512 levels).
             unsafe { flash512::run(kv, &call, out) };
         }
         return;
@@ -168,7 +171,9 @@ pub fn attend_rows_with(
         scores.resize(heads * args.pad, 0.0);
         match level {
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 | SimdLevel::Avx512Vnni if hd <= 16 * x86::MAX_VECS && bs == 16 => {
+            SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16
+                if hd <= 16 * x86::MAX_VECS && bs == 16 =>
+            {
                 // SAFETY: the level is clamped to the detected one, so AVX-512 F/BW/VL are present;
                 // every used block lies inside both caches, `q` holds every row's heads (asserted
                 // above); `scores` holds `heads` runs of `pad` floats.

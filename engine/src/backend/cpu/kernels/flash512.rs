@@ -24,25 +24,25 @@
 
 use std::arch::x86_64::*;
 
-use super::flash::{prefetch_next_block, tile_queries, tiles_of, Call, Tile, BLOCK};
+use super::flash::{prefetch_next_block, tile_queries, Call, Tile, BLOCK};
 use super::vexp::softmax::{C, LOG2E_HI, LOG2E_LO};
 use super::KvHead;
 
 /// Most queries in one tile.
-const TILE: usize = 48;
+pub(super) const TILE: usize = 48;
 /// Most queries in a small tile (a decode row of a 3- or 4-head group).
-const SMALL_TILE: usize = 4;
+pub(super) const SMALL_TILE: usize = 4;
 /// Queries whose scores are computed together: two chains each, 24 zmm registers.
 const QK_GROUP: usize = 12;
 /// zmm registers for value accumulators in the weighted sum (`24 / NV` queries a group).
-const PV_REGS: usize = 24;
+pub(super) const PV_REGS: usize = 24;
 
 /// Sixteen f16 values (bits) at `p`, widened.
 ///
 /// # Safety
 /// AVX-512 F; 16 readable halves at `p`.
 #[inline(always)]
-unsafe fn load_f16(p: *const u16) -> __m512 {
+pub(super) unsafe fn load_f16(p: *const u16) -> __m512 {
     // SAFETY: the caller's promise.
     unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
 }
@@ -69,45 +69,55 @@ fn exp16(x: __m512) -> __m512 {
     _mm512_scalef_ps(p, n)
 }
 
-/// Runs a call on AVX-512.
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW/VL; the shape is one [`super::flash::takes`]; the blocks of every
-/// position used lie inside both caches (checked by [`super::attend_rows`]), `c.q` holds every
-/// row's heads, `out` holds the rows' outputs.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(super) unsafe fn run(kv: &KvHead, c: &Call, out: &mut [f32]) {
-    // SAFETY: forwarded; `takes` allowed heads of 2, 4 or 8 vectors.
-    unsafe {
-        match c.hd / 16 {
-            2 => tiles::<2>(kv, c, out),
-            4 => tiles::<4>(kv, c, out),
-            8 => tiles::<8>(kv, c, out),
-            nv => unreachable!("head of {nv} vectors"),
-        }
-    }
-}
-
-/// The call's rows in tiles of up to `TILE / heads` rows (at least one) × all heads (in groups
-/// of `TILE` when there are more).
-///
-/// # Safety
-/// As [`run`], with `c.hd == 16 * NV`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn tiles<const NV: usize>(kv: &KvHead, c: &Call, out: &mut [f32]) {
-    for t in tiles_of(c, out, TILE) {
-        // SAFETY: the tile's rows and heads exist and hold at most `TILE` queries.
-        // A decode row's few queries take a small tile, whose scratch costs little to
-        // initialize (a full tile's 25 KB made a decode call at 64 positions 60% slower).
-        unsafe {
-            if t.queries() <= SMALL_TILE {
-                tile::<NV, SMALL_TILE>(kv, c, t, out)
-            } else {
-                tile::<NV, TILE>(kv, c, t, out)
+/// The entry of a tiled kernel: `run`, which takes a call's heads of 2, 4 or 8 vectors to the
+/// kernel's `tile::<NV, T>` in the tiles of [`tiles_of`] (a decode row's few queries in a small
+/// tile, whose scratch costs little to set up: a full tile's 25 KB made a decode call at 64
+/// positions 60% slower), all under the kernel's target features.
+macro_rules! tiled_run {
+    ($features:literal, $what:literal) => {
+        #[doc = concat!("Runs a call on ", $what, ".")]
+        ///
+        /// # Safety
+        /// The CPU has the function's target features; the shape is one
+        /// [`super::flash::takes`]; the blocks of every position used lie inside both caches
+        /// (checked by [`super::attend_rows`]), `c.q` holds every row's heads, `out` holds the
+        /// rows' outputs.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn run(kv: &KvHead, c: &Call, out: &mut [f32]) {
+            // SAFETY: forwarded; `takes` allowed heads of 2, 4 or 8 vectors.
+            unsafe {
+                match c.hd / 16 {
+                    2 => tiles::<2>(kv, c, out),
+                    4 => tiles::<4>(kv, c, out),
+                    8 => tiles::<8>(kv, c, out),
+                    nv => unreachable!("head of {nv} vectors"),
+                }
             }
-        };
-    }
+        }
+
+        /// As [`run`], with `c.hd == 16 * NV`.
+        ///
+        /// # Safety
+        /// As [`run`].
+        #[target_feature(enable = $features)]
+        unsafe fn tiles<const NV: usize>(kv: &KvHead, c: &Call, out: &mut [f32]) {
+            use $crate::backend::cpu::kernels::flash512::{SMALL_TILE, TILE};
+            for t in $crate::backend::cpu::kernels::flash::tiles_of(c, out, TILE) {
+                // SAFETY: the tile's rows and heads exist and hold at most `TILE` queries.
+                unsafe {
+                    if t.queries() <= SMALL_TILE {
+                        tile::<NV, SMALL_TILE>(kv, c, t, out)
+                    } else {
+                        tile::<NV, TILE>(kv, c, t, out)
+                    }
+                };
+            }
+        }
+    };
 }
+pub(super) use tiled_run;
+
+tiled_run!("avx512f,avx512bw,avx512vl", "AVX-512 F/BW/VL");
 
 /// One tile's running softmax: per query the maximum score so far, the sum of weights (16
 /// lanes) and the weighted sum of values (`NV` vectors).

@@ -36,6 +36,8 @@ mod f16;
 mod flash;
 #[cfg(target_arch = "x86_64")]
 mod flash512;
+#[cfg(target_arch = "x86_64")]
+mod flash_bf16;
 mod fused;
 /// The body of a SIMD level's quantized `tile` (`avx2::tile`, `avx512::tile`): checks the
 /// buffers against the shape, then runs the calling module's `q4_1_tile` or `q8_0_tile`
@@ -193,16 +195,21 @@ pub enum SimdLevel {
     Avx512,
     /// AVX-512 F/BW/VL with VNNI (plus FMA and F16C): byte dot products by `vpdpbusd`.
     Avx512Vnni,
+    /// AVX-512 VNNI with BF16 (`avx512_bf16`: Zen 4, Cooper Lake, Sapphire Rapids and later):
+    /// attention's two small matrix products by `vdpbf16ps`; every other kernel is
+    /// `avx512vnni`'s.
+    Avx512Bf16,
 }
 
 impl SimdLevel {
     /// Every level, slowest first.
-    pub const ALL: [SimdLevel; 5] = [
+    pub const ALL: [SimdLevel; 6] = [
         SimdLevel::Scalar,
         SimdLevel::Avx2,
         SimdLevel::Avx2Vnni,
         SimdLevel::Avx512,
         SimdLevel::Avx512Vnni,
+        SimdLevel::Avx512Bf16,
     ];
 
     /// The level's name, as `SLUICE_SIMD` takes it.
@@ -213,6 +220,7 @@ impl SimdLevel {
             SimdLevel::Avx2Vnni => "avx2vnni",
             SimdLevel::Avx512 => "avx512",
             SimdLevel::Avx512Vnni => "avx512vnni",
+            SimdLevel::Avx512Bf16 => "avx512bf16",
         }
     }
 
@@ -230,6 +238,7 @@ impl SimdLevel {
             SimdLevel::Avx2Vnni => 3,
             SimdLevel::Avx512 => 4,
             SimdLevel::Avx512Vnni => 5,
+            SimdLevel::Avx512Bf16 => 6,
         }
     }
 
@@ -277,6 +286,7 @@ impl SimdLevel {
             SimdLevel::Avx2Vnni => avx2 && has!("avxvnni"),
             SimdLevel::Avx512 => avx512,
             SimdLevel::Avx512Vnni => avx512 && has!("avx512vnni"),
+            SimdLevel::Avx512Bf16 => avx512 && has!("avx512vnni") && has!("avx512bf16"),
         }
     }
 
@@ -305,11 +315,11 @@ fn detect() -> SimdLevel {
             .into_iter()
             .find(|l| l.name() == v.trim())
             .unwrap_or_else(|| {
-                let known = "scalar, avx2, avx2vnni, avx512, avx512vnni";
+                let known = "scalar, avx2, avx2vnni, avx512, avx512vnni, avx512bf16";
                 tracing::warn!(value = %v, known, "unknown SLUICE_SIMD; not capping");
-                SimdLevel::Avx512Vnni
+                SimdLevel::Avx512Bf16
             }),
-        Err(_) => SimdLevel::Avx512Vnni,
+        Err(_) => SimdLevel::Avx512Bf16,
     };
     cap.best_at_or_below()
 }
@@ -600,7 +610,7 @@ fn tile_dispatch(
 ) {
     match level {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512Vnni => {
+        SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => {
             // SAFETY: `level` was clamped to the detected level, so the CPU has AVX-512
             // F/BW/VL/VNNI, FMA and F16C.
             unsafe { avx512::tile(dtype, nr, c, w, row_bytes, xq, xds, cols, out) }

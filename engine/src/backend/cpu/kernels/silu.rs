@@ -35,7 +35,9 @@ unsafe fn dispatch(level: SimdLevel, g: *const f32, u: *const f32, out: *mut f32
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level is clamped to the detected one, so AVX-512 F and VL are present; the
         // pointers are the caller's promise.
-        SimdLevel::Avx512 | SimdLevel::Avx512Vnni => unsafe { x86::silu_mul(g, u, out, len) },
+        SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => unsafe {
+            x86::silu_mul(g, u, out, len)
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level is clamped to the detected one, so AVX2 and FMA are present; the
         // pointers are the caller's promise.

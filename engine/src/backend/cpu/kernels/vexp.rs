@@ -143,7 +143,10 @@ pub(super) fn exp8(level: super::SimdLevel, x: &[f32]) -> [f32; 8] {
     unsafe {
         use std::arch::x86_64::*;
         let v = _mm256_loadu_ps(x.as_ptr());
-        let e = if matches!(level, SimdLevel::Avx512 | SimdLevel::Avx512Vnni) {
+        let e = if matches!(
+            level,
+            SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16
+        ) {
             exp(v)
         } else {
             exp_avx2(v)

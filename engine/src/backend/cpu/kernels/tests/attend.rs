@@ -94,7 +94,16 @@ fn attention_rows_match_reference() {
         for level in levels() {
             let mut got = vec![f32::NAN; want.len()];
             attend_rows_with(level, &kv, &q, q_stride, hd, heads, n_ctx0, scale, &mut got);
-            assert_close(&got, &want, 2e-6, &what(level));
+            if level == SimdLevel::Avx512Bf16 {
+                // bf16 factors carry 8 bits of mantissa (each rounding within 2^-9 relative):
+                // scores of a few tens move by a few hundredths, and a peaked softmax's weights
+                // by as many percent. Measured: at most 1.4% an element, 0.31% RMS.
+                assert_close(&got, &want, 2.5e-2, &what(level));
+                let rms_err = rel_err(&got, &want);
+                assert!(rms_err < 5e-3, "{}: RMS error {rms_err}", what(level));
+            } else {
+                assert_close(&got, &want, 2e-6, &what(level));
+            }
             let mut calls = vec![f32::NAN; want.len()];
             attention::portable_for_test(
                 level, &kv, &q, q_stride, hd, heads, n_ctx0, scale, &mut calls,

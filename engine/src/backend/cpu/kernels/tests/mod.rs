@@ -27,7 +27,7 @@ impl Rng {
     }
 }
 
-const ALL_LEVELS: [SimdLevel; 5] = SimdLevel::ALL;
+const ALL_LEVELS: [SimdLevel; 6] = SimdLevel::ALL;
 
 /// The levels this CPU really runs (others would be clamped to one of these).
 pub(super) fn levels() -> Vec<SimdLevel> {
