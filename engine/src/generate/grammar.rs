@@ -6,8 +6,10 @@
 //! compiling a request's grammar takes it and fails with llguidance's reason.
 //!
 //! A grammar can wait for a trigger ([`GrammarSpec::After`], llama.cpp's lazy grammars): the
-//! output is free, and costs no mask, until the trigger text appears in it; from the trigger's
-//! first byte on, the output must match the grammar.
+//! output is free until the trigger text appears in it; from the trigger's first byte on, the
+//! output must match the grammar. While it waits, the only tokens refused are those that would
+//! complete the trigger and go on with text the grammar refuses (`></` after `<tool_call`): such
+//! a token, sampled free, used to end the answer there.
 //!
 //! Grammars that write JSON (a schema, tool calls) bound their numbers' digits ([`NumberBound`]).
 
@@ -112,9 +114,20 @@ impl Grammars {
             }
             GrammarSpec::After { trigger, then } => {
                 let mut c = self.compile(then)?;
+                let trigger = trigger.as_bytes().to_vec();
+                let trie = self.factory.tok_env().tok_trie();
+                let closers = trigger.last().map_or_else(Vec::new, |last| {
+                    (0..trie.vocab_size() as u32)
+                        .filter_map(|t| {
+                            let bytes = trie.decode_ext(&[t], false);
+                            bytes.contains(last).then_some((t, bytes))
+                        })
+                        .collect()
+                });
                 c.waiting = Some(Waiting {
-                    trigger: trigger.as_bytes().to_vec(),
+                    trigger,
                     seen: Vec::new(),
+                    closers,
                 });
                 return Ok(c);
             }
@@ -143,6 +156,8 @@ struct Waiting {
     trigger: Vec<u8>,
     /// The output's last bytes (fewer than the trigger's, unless the trigger is in them).
     seen: Vec<u8>,
+    /// The tokens holding the trigger's last byte (those that can complete it), with their bytes.
+    closers: Vec<(u32, Vec<u8>)>,
 }
 
 impl Waiting {
@@ -156,6 +171,33 @@ impl Waiting {
         let keep = self.seen.len().min(n.saturating_sub(1));
         self.seen.drain(..self.seen.len() - keep);
         None
+    }
+
+    /// The tokens that would complete the trigger now and go on with text `matcher` (the
+    /// grammar, from the trigger's first byte) refuses.
+    fn refused(&self, matcher: &mut Matcher, env: &TokEnv) -> Vec<u32> {
+        let n = self.trigger.len();
+        let mut joined = Vec::new();
+        let mut out = Vec::new();
+        for (id, bytes) in &self.closers {
+            joined.clear();
+            joined.extend_from_slice(&self.seen);
+            joined.extend_from_slice(bytes);
+            let Some(at) = joined.windows(n).position(|w| w == self.trigger) else {
+                continue;
+            };
+            // A token that ends with the trigger leaves the grammar at its own start.
+            if joined.len() > at + n {
+                let ids = env.tokenize_bytes(&joined[at..]);
+                if matcher
+                    .validate_tokens(&ids)
+                    .map_or(true, |k| k < ids.len())
+                {
+                    out.push(*id);
+                }
+            }
+        }
+        out
     }
 }
 
@@ -198,10 +240,13 @@ impl PartialEq for Constraint {
 
 impl Constraint {
     /// The tokens allowed next (only the end token once the grammar is complete), in the
-    /// shortest form for the wire; `None` while the grammar waits for its trigger (any token).
+    /// shortest form for the wire; while the grammar waits for its trigger, `None` (any token)
+    /// unless some token would complete the trigger into text the grammar refuses.
     pub fn mask(&mut self) -> Result<Option<TokenMask>, String> {
-        if self.waiting.is_some() {
-            return Ok(None);
+        if let Some(waiting) = &self.waiting {
+            let ids = waiting.refused(&mut self.matcher, &self.env);
+            let vocab = self.env.tok_trie().vocab_size() as u32;
+            return Ok((!ids.is_empty()).then_some(TokenMask::Except { vocab, ids }));
         }
         let mut vob = self
             .matcher
@@ -319,6 +364,30 @@ mod tests {
                 m == TokenMask::Only(vec![tok.token_id("<|im_end|>").unwrap()])
             }
         );
+    }
+
+    #[test]
+    fn a_token_completing_the_trigger_into_refused_text_is_masked_while_waiting() {
+        use crate::model::tokenizer::test_support::{byte_id, merged_id};
+        let (g, _) = grammars();
+        let spec = GrammarSpec::After {
+            trigger: "hel".into(),
+            then: Box::new(GrammarSpec::Regex("hel(p|m)".into())),
+        };
+        let mut c = g.compile(&spec).unwrap();
+        // `hell` and `hello` would complete the trigger and go on with `l`, which `hel(p|m)`
+        // refuses; the rest is free.
+        let m = c.mask().unwrap().expect("two tokens refused");
+        assert!(!allowed(&m, merged_id("hell")) && !allowed(&m, merged_id("hello")));
+        assert!(allowed(&m, merged_id("he")) && allowed(&m, byte_id(b'x')));
+        c.consume(merged_id("he")).unwrap();
+        // After `he`: `l` ends the trigger (allowed), `ll` and `ld` run past it into refused text.
+        let m = c.mask().unwrap().expect("tokens refused");
+        assert!(allowed(&m, byte_id(b'l')));
+        assert!(!allowed(&m, merged_id("ll")) && !allowed(&m, merged_id("ld")));
+        c.consume(byte_id(b'l')).unwrap();
+        let m = c.mask().unwrap().expect("constrained after the trigger");
+        assert!(allowed(&m, byte_id(b'p')) && !allowed(&m, byte_id(b'l')));
     }
 
     #[test]
