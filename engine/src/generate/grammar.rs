@@ -13,7 +13,8 @@
 //!
 //! Grammars that write JSON (a schema, tool calls) bound their numbers' digits ([`NumberBound`]).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
@@ -68,7 +69,12 @@ pub struct Grammars {
     factory: ParserFactory,
     /// Each token's leading digits, for [`NumberBound`].
     leading: Arc<[u8]>,
+    /// Per trigger, the tokens that can complete it ([`Waiting::closers`]), found once.
+    closers: Mutex<HashMap<Vec<u8>, Closers>>,
 }
+
+/// Tokens with their bytes.
+type Closers = Arc<[(u32, Vec<u8>)]>;
 
 impl std::fmt::Debug for Grammars {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -101,7 +107,11 @@ impl Grammars {
         let env: TokEnv = Arc::new(Env { trie, tokenizer });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         factory.quiet();
-        Ok(Self { factory, leading })
+        Ok(Self {
+            factory,
+            leading,
+            closers: Mutex::default(),
+        })
     }
 
     /// A fresh constraint for `spec`, or llguidance's reason it cannot compile.
@@ -115,15 +125,7 @@ impl Grammars {
             GrammarSpec::After { trigger, then } => {
                 let mut c = self.compile(then)?;
                 let trigger = trigger.as_bytes().to_vec();
-                let trie = self.factory.tok_env().tok_trie();
-                let closers = trigger.last().map_or_else(Vec::new, |last| {
-                    (0..trie.vocab_size() as u32)
-                        .filter_map(|t| {
-                            let bytes = trie.decode_ext(&[t], false);
-                            bytes.contains(last).then_some((t, bytes))
-                        })
-                        .collect()
-                });
+                let closers = self.closers_of(&trigger);
                 c.waiting = Some(Waiting {
                     trigger,
                     seen: Vec::new(),
@@ -150,6 +152,29 @@ impl Grammars {
     }
 }
 
+impl Grammars {
+    /// The tokens holding `trigger`'s last byte, with their bytes: a scan of the vocabulary the
+    /// first time a trigger is seen (every `tool_choice: auto` request has the same one).
+    fn closers_of(&self, trigger: &[u8]) -> Closers {
+        let mut cache = self.closers.lock().unwrap_or_else(|e| e.into_inner());
+        cache
+            .entry(trigger.to_vec())
+            .or_insert_with(|| {
+                let trie = self.factory.tok_env().tok_trie();
+                let Some(last) = trigger.last() else {
+                    return Arc::new([]);
+                };
+                (0..trie.vocab_size() as u32)
+                    .filter_map(|t| {
+                        let bytes = trie.decode_ext(&[t], false);
+                        bytes.contains(last).then_some((t, bytes))
+                    })
+                    .collect()
+            })
+            .clone()
+    }
+}
+
 /// The output so far of a constraint that waits for its trigger.
 #[derive(Clone, Debug)]
 struct Waiting {
@@ -157,7 +182,7 @@ struct Waiting {
     /// The output's last bytes (fewer than the trigger's, unless the trigger is in them).
     seen: Vec<u8>,
     /// The tokens holding the trigger's last byte (those that can complete it), with their bytes.
-    closers: Vec<(u32, Vec<u8>)>,
+    closers: Closers,
 }
 
 impl Waiting {
@@ -165,12 +190,19 @@ impl Waiting {
     fn push(&mut self, bytes: &[u8]) -> Option<Vec<u8>> {
         self.seen.extend_from_slice(bytes);
         let n = self.trigger.len();
-        if let Some(at) = self.seen.windows(n).position(|w| w == self.trigger) {
+        if let Some(at) = self.trigger_in(&self.seen) {
             return Some(self.seen.split_off(at));
         }
         let keep = self.seen.len().min(n.saturating_sub(1));
         self.seen.drain(..self.seen.len() - keep);
         None
+    }
+
+    /// Where the trigger first appears in `bytes`.
+    fn trigger_in(&self, bytes: &[u8]) -> Option<usize> {
+        bytes
+            .windows(self.trigger.len())
+            .position(|w| w == self.trigger)
     }
 
     /// The tokens that would complete the trigger now and go on with text `matcher` (the
@@ -179,11 +211,11 @@ impl Waiting {
         let n = self.trigger.len();
         let mut joined = Vec::new();
         let mut out = Vec::new();
-        for (id, bytes) in &self.closers {
+        for (id, bytes) in self.closers.iter() {
             joined.clear();
             joined.extend_from_slice(&self.seen);
             joined.extend_from_slice(bytes);
-            let Some(at) = joined.windows(n).position(|w| w == self.trigger) else {
+            let Some(at) = self.trigger_in(&joined) else {
                 continue;
             };
             // A token that ends with the trigger leaves the grammar at its own start.
