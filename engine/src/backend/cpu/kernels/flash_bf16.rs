@@ -8,7 +8,7 @@
 //! - the block's keys (stored transposed: element `d` of 16 positions in a row) are rounded to
 //!   bf16 and interleaved, rows `2d` and `2d + 1`, into 16 pairs a vector, once for the tile;
 //!   the scores of [`QK_GROUP`] queries at a time are then one `vdpbf16ps` per pair of elements,
-//!   the query's pair broadcast, one chain a query;
+//!   the query's pair broadcast, in [`CHAINS`] chains a query;
 //! - each query's softmax step is `flash512`'s ([`Running::step`]), on f32 scores; its 16 weights
 //!   are rounded to 8 pairs of bf16;
 //! - the block's values, rows `2p` and `2p + 1` interleaved the same way (zeros past the tile's
