@@ -15,6 +15,6 @@ if [ ! -x "$dir/nvidia/cuda_nvcc/bin/ptxas" ] || [ ! -e "$dir/nvidia/cuda_nvrtc/
 fi
 export LD_LIBRARY_PATH="$dir/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PTXAS="$dir/nvidia/cuda_nvcc/bin/ptxas"
-# Its own target dir, as `make rdma`: target/release keeps the default build.
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
+# The main target dir: `cargo run --example` builds the library (with `cuda`, beside the default
+# one) and the example, never the binaries, so target/release/sluice-engine stays the default build.
 cargo run --release --quiet -p sluice-engine --features cuda --example cuda_check -- "$out"
