@@ -32,6 +32,22 @@ use super::KvHead;
 /// Positions per key block (the KV cache's block size, which the transposed keys assume).
 pub(super) const BLOCK: usize = 16;
 
+/// Evaluates `$call` with `$G` a constant equal to `$g`, one of the literals `$n` and at most
+/// `$most`: the group kernels take their group's size as a const generic, so that its
+/// accumulators live in registers. Each literal is one instance of the kernel.
+macro_rules! with_group {
+    ($g:expr, $most:expr, $G:ident => $call:expr; $($n:literal)*) => {
+        match $g {
+            $($n if $n <= $most => {
+                const $G: usize = $n;
+                $call
+            })*
+            g => unreachable!("group of {g} queries"),
+        }
+    };
+}
+pub(super) use with_group;
+
 /// Asks for the cache line at `p` into L1.
 #[inline(always)]
 fn prefetch(p: *const u16) {
@@ -223,15 +239,8 @@ unsafe fn tile<V: F16x16, const NV: usize, const T: usize, const QK: usize, cons
             let mut i = first;
             while i < nq {
                 let g = QK.min(nq - i);
-                macro_rules! go {
-                    ($($n:literal)*) => {
-                        match g {
-                            $($n if $n <= QK => scores::<V, $n>(keys, &qs[i..], hd, &mut score[i..]),)*
-                            _ => unreachable!("group of {g} queries"),
-                        }
-                    };
-                }
-                go!(1 2 3 4 5 6 7 8 9 10 11 12);
+                with_group!(g, QK, G => scores::<V, G>(keys, &qs[i..], hd, &mut score[i..]);
+                    1 2 3 4 5 6 7 8 9 10 11 12);
                 i += g;
             }
             // Each query's softmax step: new maximum, rescale, weights.
@@ -275,15 +284,8 @@ unsafe fn tile<V: F16x16, const NV: usize, const T: usize, const QK: usize, cons
             while i < nq {
                 let g = pv_group.min(nq - i);
                 let wide = widen.then_some(&vals);
-                macro_rules! go {
-                    ($($n:literal)*) => {
-                        match g {
-                            $($n if $n <= pv_group => weigh::<V, NV, $n>(src, wide, &w[i..], hd, &mut acc[i..]),)*
-                            _ => unreachable!("group of {g} queries"),
-                        }
-                    };
-                }
-                go!(1 2 3 4);
+                with_group!(g, pv_group, G => weigh::<V, NV, G>(src, wide, &w[i..], hd, &mut acc[i..]);
+                    1 2 3 4);
                 i += g;
             }
         }

@@ -24,7 +24,7 @@
 
 use std::arch::x86_64::*;
 
-use super::flash::{prefetch_next_block, tile_queries, Call, Tile, BLOCK};
+use super::flash::{prefetch_next_block, tile_queries, with_group, Call, Tile, BLOCK};
 use super::vexp::softmax::{C, LOG2E_HI, LOG2E_LO};
 use super::KvHead;
 
@@ -226,15 +226,8 @@ unsafe fn tile<const NV: usize, const T: usize>(kv: &KvHead, c: &Call, t: Tile, 
             let mut i = first;
             while i < nq {
                 let g = QK_GROUP.min(nq - i);
-                macro_rules! go {
-                    ($($n:literal)*) => {
-                        match g {
-                            $($n => scores::<$n>(keys, &qs[i..], hd, &mut score[i..]),)*
-                            _ => unreachable!(),
-                        }
-                    };
-                }
-                go!(1 2 3 4 5 6 7 8 9 10 11 12);
+                with_group!(g, QK_GROUP, G => scores::<G>(keys, &qs[i..], hd, &mut score[i..]);
+                    1 2 3 4 5 6 7 8 9 10 11 12);
                 i += g;
             }
         }
@@ -268,15 +261,8 @@ unsafe fn tile<const NV: usize, const T: usize>(kv: &KvHead, c: &Call, t: Tile, 
             };
             // SAFETY: `w` and `acc` hold slots `i..i + g`; the values as above.
             unsafe {
-                macro_rules! go {
-                    ($($n:literal)*) => {
-                        match g {
-                            $($n if $n * NV <= PV_REGS => weigh::<NV, $n>(src, &w[i..], hd, &mut run.acc[i..]),)*
-                            _ => unreachable!(),
-                        }
-                    };
-                }
-                go!(1 2 3 4 5 6 7 8 9 10 11 12);
+                with_group!(g, pv_group, G => weigh::<NV, G>(src, &w[i..], hd, &mut run.acc[i..]);
+                    1 2 3 4 5 6 7 8 9 10 11 12);
             }
             i += g;
         }

@@ -22,7 +22,7 @@
 
 use std::arch::x86_64::*;
 
-use super::flash::{prefetch_next_block, tile_queries, Call, Tile, BLOCK};
+use super::flash::{prefetch_next_block, tile_queries, with_group, Call, Tile, BLOCK};
 use super::flash512::{load_f16, tiled_run, Running, PV_REGS};
 use super::KvHead;
 
@@ -131,15 +131,8 @@ unsafe fn tile<const NV: usize, const T: usize>(kv: &KvHead, c: &Call, t: Tile, 
         let mut i = first;
         while i < nq {
             let g = QK_GROUP.min(nq - i);
-            macro_rules! go {
-                ($($n:literal)*) => {
-                    match g {
-                        $($n => scores::<NV, $n>(&kb, &qb[i..], &mut score[i..]),)*
-                        _ => unreachable!(),
-                    }
-                };
-            }
-            go!(1 2 3 4 5 6 7 8 9 10 11 12);
+            with_group!(g, QK_GROUP, G => scores::<NV, G>(&kb, &qb[i..], &mut score[i..]);
+                1 2 3 4 5 6 7 8 9 10 11 12);
             i += g;
         }
         run.step(c.scale, b, first, nq, &limit, &score, &mut w);
@@ -174,15 +167,8 @@ unsafe fn tile<const NV: usize, const T: usize>(kv: &KvHead, c: &Call, t: Tile, 
         let mut i = first;
         while i < nq {
             let g = pv_group.min(nq - i);
-            macro_rules! go {
-                ($($n:literal)*) => {
-                    match g {
-                        $($n if $n * NV <= PV_REGS => weigh::<NV, $n>(&vb, &wb[i..], &mut run.acc[i..]),)*
-                        _ => unreachable!(),
-                    }
-                };
-            }
-            go!(1 2 3 4 5 6 7 8 9 10 11 12);
+            with_group!(g, pv_group, G => weigh::<NV, G>(&vb, &wb[i..], &mut run.acc[i..]);
+                1 2 3 4 5 6 7 8 9 10 11 12);
             i += g;
         }
     }
