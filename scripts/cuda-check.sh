@@ -15,6 +15,7 @@ if [ ! -x "$dir/nvidia/cuda_nvcc/bin/ptxas" ] || [ ! -e "$dir/nvidia/cuda_nvrtc/
 fi
 export LD_LIBRARY_PATH="$dir/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PTXAS="$dir/nvidia/cuda_nvcc/bin/ptxas"
-# The main target dir: `cargo run --example` builds the library (with `cuda`, beside the default
-# one) and the example, never the binaries, so target/release/sluice-engine stays the default build.
-cargo run --release --quiet -p sluice-engine --features cuda --example cuda_check -- "$out"
+# The dev profile of the main target dir: the example only drives NVRTC and ptxas, so an optimized
+# engine would cost a minute of compiling for nothing, and target/release stays the default build.
+# CUDA_CHECK_FEATURES (default `cuda`) lets CI reuse the library its `rdma,cuda` build compiled.
+cargo run --quiet -p sluice-engine --features "${CUDA_CHECK_FEATURES:-cuda}" --example cuda_check -- "$out"
