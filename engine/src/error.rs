@@ -71,3 +71,29 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     }
     out
 }
+
+/// `fut`'s output, or the message of a panic while it ran (a bug): servers answer such a
+/// request with a 500 instead of dropping its connection. The future is not used again after
+/// a panic, so whatever state it left broken goes with it.
+pub async fn caught<F: std::future::Future>(fut: F) -> Result<F::Output, String> {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::task::Poll;
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(
+        |cx| match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(panic) => Poll::Ready(Err(panic_message(panic.as_ref()))),
+        },
+    )
+    .await
+}
+
+/// The text of a panic's payload.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with no message".into())
+}

@@ -49,7 +49,12 @@ pub enum GatewayError {
         message: String,
     },
     #[error("the prompt has {tokens} tokens, more than the {limit} this server accepts (limits.input_tokens_max)")]
-    InputTooLong { tokens: usize, limit: usize },
+    InputTooLong {
+        tokens: usize,
+        limit: usize,
+        /// The request field that holds the prompt (`messages` or `prompt`).
+        param: &'static str,
+    },
     #[error("the prompt has {prompt} tokens and {param} is {max_tokens}: {} in all, more than the context window of {window} tokens", prompt + max_tokens)]
     ContextWindow {
         prompt: usize,
@@ -235,8 +240,7 @@ impl GatewayError {
     fn param(&self) -> Option<&str> {
         match self {
             Self::InvalidRequest { param, .. } => param.as_deref(),
-            Self::InputTooLong { .. } => Some("messages"),
-            Self::ContextWindow { param, .. } => Some(param),
+            Self::InputTooLong { param, .. } | Self::ContextWindow { param, .. } => Some(param),
             _ => None,
         }
     }

@@ -23,6 +23,11 @@ const TEMPLATE_NAME: &str = "chat_template";
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// The participant's name (OpenAI's `name`), given to the template as `message.name`
+    /// only when set; what the template makes of it is its own (see
+    /// [`ChatTemplate::renders_name`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -30,7 +35,14 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            name: None,
         }
+    }
+
+    /// This message with the participant name `name` (none when `None`).
+    pub fn named(mut self, name: Option<&str>) -> Self {
+        self.name = name.map(str::to_owned);
+        self
     }
 }
 
@@ -99,6 +111,24 @@ impl ChatTemplate {
                 eos_token => &self.eos,
             })
             .map_err(template_err)
+    }
+
+    /// Whether the template writes a message's `name` into the prompt for `role`: one message
+    /// rendered with and without a name, compared. A name it does not render would be silently
+    /// dropped, so the server refuses it instead.
+    pub fn renders_name(&self, role: &str) -> bool {
+        // A turn after a user's, for templates that insist on the user speaking first.
+        let probe = |name| {
+            let mut turns = vec![ChatMessage::new(role, "x").named(name)];
+            if role != "user" && role != "system" {
+                turns.insert(0, ChatMessage::new("user", "x"));
+            }
+            self.render(&turns, false)
+        };
+        match (probe(None), probe(Some("sluice_probe_name"))) {
+            (Ok(a), Ok(b)) => a != b,
+            _ => false,
+        }
     }
 
     /// Renders OpenAI-shaped messages as given (`tool_calls`, `tool` turns and all) with
@@ -312,6 +342,31 @@ mod tests {
         assert_eq!(
             out,
             format!("{DEFAULT_SYSTEM}<|im_start|>user\nhi<|im_end|>\n")
+        );
+    }
+
+    #[test]
+    fn a_name_reaches_the_template_which_renders_it_or_not() {
+        assert!(
+            !smollm().renders_name("user"),
+            "SmolLM2's template drops names"
+        );
+        let named = ChatTemplate::new(
+            "{% for m in messages %}{{ m.role }}{% if m.name %} ({{ m.name }}){% endif %}: {{ m.content }}\n{% endfor %}",
+            "",
+            "",
+        )
+        .expect("template compiles");
+        for role in ["system", "user", "assistant"] {
+            assert!(named.renders_name(role), "{role}");
+        }
+        let msgs = [
+            ChatMessage::new("user", "hi").named(Some("alice")),
+            ChatMessage::new("assistant", "hello").named(None),
+        ];
+        assert_eq!(
+            named.render(&msgs, false).expect("render"),
+            "user (alice): hi\nassistant: hello\n"
         );
     }
 

@@ -159,7 +159,9 @@ impl Engine for EngineHandle {
         if req.max_tokens == 0 {
             return invalid("invalid_value", "max_tokens must be at least 1".into());
         }
-        let need = req.prompt.len() + req.max_tokens;
+        // Saturating: a `max_tokens` near `usize::MAX` must be refused here, not wrap under the
+        // window and then run until the pool is full.
+        let need = req.prompt.len().saturating_add(req.max_tokens);
         if need > self.cfg.context_window {
             return invalid(
                 "context_length_exceeded",

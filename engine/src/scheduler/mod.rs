@@ -374,7 +374,8 @@ fn sample_spec(s: &Sequence, stop_ids: &[u32], with_mask: bool) -> SampleSpec {
     let shaping = &s.req.shaping;
     SampleSpec {
         temperature: p.temperature,
-        top_k: p.top_k as u32,
+        // Saturating: a k past u32 keeps every token, as any k past the vocabulary does.
+        top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
         top_p: p.top_p,
         seed: s.seed,
         suppress,

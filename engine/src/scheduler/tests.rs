@@ -194,18 +194,22 @@ async fn aborted_requests_free_their_blocks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_tokens_min_tokens_and_the_context_window() {
     let e = engine(4, 64, 64);
-    // The context window is refused before any work.
-    let err = e.submit(request(1, 200, 100)).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            EngineError::Invalid {
-                code: "context_length_exceeded",
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    // The context window is refused before any work, and so is a `max_tokens` so large that
+    // prompt + max_tokens would wrap below the window (it would otherwise run until the pool
+    // is full and stall every other request).
+    for max_tokens in [100, usize::MAX, usize::MAX - 199] {
+        let err = e.submit(request(1, 200, max_tokens)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                EngineError::Invalid {
+                    code: "context_length_exceeded",
+                    ..
+                }
+            ),
+            "{max_tokens}: {err:?}"
+        );
+    }
     // min_tokens suppresses end-of-turn tokens: with every stop id suppressed for 10 tokens the
     // request runs to at least 10.
     let mut r = request(3, 6, 10);
@@ -214,6 +218,29 @@ async fn stop_tokens_min_tokens_and_the_context_window() {
     let (ids, reason, _) = collect(e.submit(r).unwrap()).await;
     assert_eq!((ids.len(), reason), (10, FinishReason::Length));
     assert!(ids.iter().all(|t| !e.tokenizer().is_stop(*t)), "{ids:?}");
+}
+
+/// A `top_k` past u32 keeps every token, as top_k 0 does; it used to wrap (2³² + 1 became 1,
+/// greedy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_top_k_past_u32_samples_like_no_top_k() {
+    let e = engine(4, 64, 64);
+    let sampled = |top_k: usize| {
+        let mut r = request(5, 8, 24);
+        r.ignore_eos = true;
+        r.sampling.temperature = 1.5;
+        r.sampling.top_k = top_k;
+        r.sampling.seed = Some(7);
+        r
+    };
+    let (none, _, _) = collect(e.submit(sampled(0)).unwrap()).await;
+    let (huge, _, _) = collect(e.submit(sampled((1usize << 32) + 1)).unwrap()).await;
+    let (one, _, _) = collect(e.submit(sampled(1)).unwrap()).await;
+    assert_eq!(huge, none);
+    assert_ne!(
+        huge, one,
+        "top_k 1 is greedy: a hot seeded sample differs from it"
+    );
 }
 
 /// Each of `reqs`' tokens, through an engine whose grammar masks are computed beside the

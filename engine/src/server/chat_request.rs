@@ -53,6 +53,7 @@ pub(crate) fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
 
 fn message(v: &Value, i: usize) -> Result<Message, ApiError> {
     let o = Obj::at(v, format!("messages[{i}]"), "a message object")?;
+    fields::check_message(&o)?;
     let role = o.str("role")?;
     let role = match o.required("role", role)? {
         "system" | "developer" => Role::System,
@@ -70,41 +71,51 @@ fn message(v: &Value, i: usize) -> Result<Message, ApiError> {
         }
     };
     let content = content(&o)?;
+    let calls = o.array("tool_calls", "an array of tool calls")?;
+    if role != Role::Assistant && calls.is_some_and(|c| !c.is_empty()) {
+        let path = o.path("tool_calls");
+        return Err(ApiError::invalid(
+            &path,
+            format!("{path}: only assistant messages make tool calls"),
+        ));
+    }
     let mut tool_calls = Vec::new();
-    if role == Role::Assistant {
-        for (j, call) in o
-            .array("tool_calls", "an array of tool calls")?
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let c = Obj::at(
-                call,
-                format!("{}[{j}]", o.path("tool_calls")),
-                "a tool call object",
-            )?;
-            let f = c.object("function", "an object")?;
-            let f = c.required("function", f)?;
-            let name = f.str("name")?;
-            let arguments = match f.get("arguments") {
-                None => "{}".to_owned(),
-                Some(Value::String(s)) => s.clone(),
-                Some(other) => other.to_string(),
-            };
-            tool_calls.push(HistoryToolCall {
-                name: f.required("name", name)?.to_owned(),
-                arguments,
-            });
-        }
+    for (j, call) in calls.into_iter().flatten().enumerate() {
+        let c = Obj::at(
+            call,
+            format!("{}[{j}]", o.path("tool_calls")),
+            "a tool call object",
+        )?;
+        let f = c.object("function", "an object")?;
+        let f = c.required("function", f)?;
+        let name = f.str("name")?;
+        let arguments = match f.get("arguments") {
+            None => "{}".to_owned(),
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
+        };
+        tool_calls.push(HistoryToolCall {
+            name: f.required("name", name)?.to_owned(),
+            arguments,
+        });
     }
     if content.is_none() && role != Role::Assistant {
         o.required("content", None::<()>)?;
+    }
+    // The model's tool format matches results to calls by order, so a tool message's id is
+    // checked (a string) and not rendered; on any other message it answers nothing.
+    if o.str("tool_call_id")?.is_some() && role != Role::Tool {
+        let path = o.path("tool_call_id");
+        return Err(ApiError::invalid(
+            &path,
+            format!("{path}: only tool messages answer a tool call"),
+        ));
     }
     Ok(Message {
         role,
         content,
         tool_calls,
-        tool_call_id: o.str("tool_call_id")?.map(str::to_owned),
+        name: o.str("name")?.map(str::to_owned),
     })
 }
 
@@ -185,6 +196,11 @@ fn tool_choice(o: &Obj, tools: &[ToolDef]) -> Result<ToolChoice, ApiError> {
         Some(Value::String(s)) => match s.as_str() {
             "none" => Ok(ToolChoice::None),
             "auto" => Ok(ToolChoice::Auto),
+            // OpenAI refuses it too: there is nothing to call.
+            "required" if tools.is_empty() => Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice: \"required\" needs at least one tool in `tools`",
+            )),
             "required" => Ok(ToolChoice::Required),
             other => Err(ApiError::invalid(
                 "tool_choice",

@@ -196,6 +196,49 @@ pub(crate) const COMPLETIONS: &[(&str, Handling)] = &[
     ),
 ];
 
+/// The fields of one message of `messages`. The refused ones are what clients echo back from an
+/// assistant message they received (OpenAI's, vLLM's), which are harmless when empty.
+pub(crate) const MESSAGE: &[(&str, Handling)] = &[
+    ("role", Implemented),
+    ("content", Implemented),
+    ("name", Implemented),
+    ("tool_calls", Implemented),
+    ("tool_call_id", Implemented),
+    (
+        "refusal",
+        Refused {
+            harmless: |v| v.as_str() == Some(""),
+            why: "a refusal in the history is not rendered; give it as content",
+        },
+    ),
+    (
+        "annotations",
+        Refused {
+            harmless: |v| v.as_array().is_some_and(|a| a.is_empty()),
+            why: "annotations are not rendered",
+        },
+    ),
+    ("audio", refused("this model has no audio")),
+    (
+        "function_call",
+        refused("deprecated by OpenAI; use `tool_calls`"),
+    ),
+    (
+        "reasoning_content",
+        Refused {
+            harmless: |v| v.as_str() == Some(""),
+            why: "this model is not a reasoning model",
+        },
+    ),
+    (
+        "reasoning",
+        Refused {
+            harmless: |v| v.as_str() == Some(""),
+            why: "this model is not a reasoning model",
+        },
+    ),
+];
+
 /// The fields of `stream_options`.
 const STREAM_OPTIONS: &[(&str, Handling)] = &[
     ("include_usage", Implemented),
@@ -260,4 +303,9 @@ pub(crate) fn check(o: &Obj, endpoint_fields: &[(&str, Handling)]) -> Result<(),
         check_map(&so, STREAM_OPTIONS, false)?;
     }
     Ok(())
+}
+
+/// The same for one message object (its path in `o`).
+pub(crate) fn check_message(o: &Obj) -> Result<(), ApiError> {
+    check_map(o, MESSAGE, false)
 }

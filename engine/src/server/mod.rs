@@ -118,9 +118,14 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .and_then(TraceContext::parse);
-    let mut resp = route(state, req, trace, start)
-        .await
-        .unwrap_or_else(ApiError::into_response);
+    let mut resp = match crate::error::caught(route(state, req, trace, start)).await {
+        Ok(answer) => answer.unwrap_or_else(ApiError::into_response),
+        Err(panic) => {
+            tracing::error!(panic, "a request's handling panicked");
+            ApiError::internal("the server failed on this request (a bug; see its log)")
+                .into_response()
+        }
+    };
     if let Some(t) = trace {
         if let Ok(v) = HeaderValue::from_str(&t.to_string()) {
             resp.headers_mut().insert("traceparent", v);

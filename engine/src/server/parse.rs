@@ -164,6 +164,14 @@ pub(super) fn sampling(o: &Obj) -> Result<Sampling, ApiError> {
         Some(so) => so.bool("include_usage")?.unwrap_or(false),
         None => false,
     };
+    // A usage chunk exists only in a stream; asked for without one it would be dropped unseen
+    // (OpenAI and vLLM refuse it too).
+    if include_usage && !stream {
+        return Err(ApiError::invalid(
+            "stream_options",
+            "stream_options: include_usage needs stream: true (a whole answer always has usage)",
+        ));
+    }
     Ok(Sampling {
         max_tokens,
         min_tokens,

@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::types::{ChatRequest, Prompt};
+use super::types::{ChatRequest, Prompt, Role};
 use super::{chat_request, parse, tools};
 use crate::model::chat::ChatTemplate;
 use crate::model::tokenizer::Encode;
@@ -140,11 +140,16 @@ fn upstream_message(m: &Value) -> Value {
             .collect();
         m["content"] = Value::String(text.join("\n"));
     }
+    // Looked up, never indexed: a malformed call is the upstream's to refuse, not a panic here.
     if let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) {
         for call in calls {
-            let args = &mut call["function"]["arguments"];
-            if let Some(parsed) = args.as_str().and_then(|a| serde_json::from_str(a).ok()) {
-                *args = parsed;
+            let args = call
+                .get_mut("function")
+                .and_then(|f| f.get_mut("arguments"));
+            if let Some(args) = args {
+                if let Some(parsed) = args.as_str().and_then(|a| serde_json::from_str(a).ok()) {
+                    *args = parsed;
+                }
             }
         }
     }
@@ -157,6 +162,7 @@ pub(crate) fn chat_ids(
     tokenizer: &dyn Encode,
     template: &ChatTemplate,
 ) -> Result<Vec<u32>, ApiError> {
+    check_names(req, template)?;
     let messages = tools::render_messages(req);
     let text = template
         .render(&messages, true)
@@ -165,6 +171,35 @@ pub(crate) fn chat_ids(
         .encode(&text, true)
         .map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(with_bos(tokenizer, ids))
+}
+
+/// Refuses a message `name` the chat template would drop (it renders none for that role), so
+/// that no name is silently ignored. A tool message's `name` (the tool's) is accepted: the
+/// model's tool format matches results to calls by order and carries no names.
+fn check_names(req: &ChatRequest, template: &ChatTemplate) -> Result<(), ApiError> {
+    let mut rendered: Vec<(Role, bool)> = Vec::new();
+    for (i, m) in req.messages.iter().enumerate() {
+        if m.name.is_none() || m.role == Role::Tool {
+            continue;
+        }
+        let role = m.role.as_str();
+        let renders = match rendered.iter().find(|(r, _)| *r == m.role) {
+            Some(&(_, b)) => b,
+            None => {
+                let b = template.renders_name(role);
+                rendered.push((m.role, b));
+                b
+            }
+        };
+        if !renders {
+            let path = format!("messages[{i}].name");
+            return Err(ApiError::unsupported(
+                &path,
+                format!("{path}: not supported: this model's chat template renders no name on a message of role {role}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A completion request's prompt.

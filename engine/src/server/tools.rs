@@ -64,14 +64,14 @@ pub(crate) fn render_messages(req: &ChatRequest) -> Vec<ChatMessage> {
     let mut out = Vec::with_capacity(req.messages.len() + 1);
     let mut rest: &[Message] = &req.messages;
     if enabled(req) {
-        let system = match rest.first() {
+        let (system, name) = match rest.first() {
             Some(m) if m.role == Role::System => {
                 rest = &rest[1..];
-                m.content.as_deref()
+                (m.content.as_deref(), m.name.as_deref())
             }
-            _ => None,
+            _ => (None, None),
         };
-        out.push(ChatMessage::new("system", system_prompt(system, req)));
+        out.push(ChatMessage::new("system", system_prompt(system, req)).named(name));
     }
     let mut last_was_tool = false;
     for m in rest {
@@ -97,9 +97,9 @@ pub(crate) fn render_messages(req: &ChatRequest) -> Vec<ChatMessage> {
                         .iter()
                         .map(|c| call_text(&c.name, &c.arguments)),
                 );
-                out.push(ChatMessage::new("assistant", parts.join("\n")));
+                out.push(ChatMessage::new("assistant", parts.join("\n")).named(m.name.as_deref()));
             }
-            role => out.push(ChatMessage::new(role.as_str(), content)),
+            role => out.push(ChatMessage::new(role.as_str(), content).named(m.name.as_deref())),
         }
         last_was_tool = m.role == Role::Tool;
     }

@@ -72,7 +72,8 @@ pub(crate) struct Message {
     /// Text parts joined; `None` for an assistant message with only tool calls.
     pub content: Option<String>,
     pub tool_calls: Vec<HistoryToolCall>,
-    pub tool_call_id: Option<String>,
+    /// The participant's name: rendered by the chat template, or refused (`prompt::chat_ids`).
+    pub name: Option<String>,
 }
 
 /// What the output must be (structured outputs).

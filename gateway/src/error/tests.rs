@@ -66,6 +66,7 @@ fn every_condition_has_its_status_and_code() {
             GatewayError::InputTooLong {
                 tokens: 2,
                 limit: 1,
+                param: "messages",
             },
             StatusCode::BAD_REQUEST,
             "context_length_exceeded",

@@ -19,6 +19,7 @@ use super::upstream::{Target, Upstream};
 use crate::body::GatewayBody;
 use crate::error::GatewayError;
 use crate::middleware::auth::PRIORITY_HEADER;
+use crate::middleware::cap::{MaxTokens, MAX_TOKENS_HEADER};
 use crate::middleware::count::{PromptTokens, PROMPT_TOKENS_HEADER};
 use crate::middleware::parse::Json;
 use crate::middleware::request_id::{RequestId, REQUEST_ID_HEADER};
@@ -158,6 +159,11 @@ impl Service<Request<Json>> for Forward {
                 rparts
                     .headers
                     .insert(PROMPT_TOKENS_HEADER, HeaderValue::from(p.0));
+            }
+            if let Some(m) = parts.extensions.get::<MaxTokens>() {
+                rparts
+                    .headers
+                    .insert(MAX_TOKENS_HEADER, HeaderValue::from(m.0));
             }
             let sse = rparts
                 .headers

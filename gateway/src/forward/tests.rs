@@ -76,6 +76,8 @@ async fn requests_go_out_whole_and_responses_stream_back_chunk_by_chunk() {
     let trace = RequestTrace::from_header(None);
     req.extensions_mut().insert(trace);
     req.extensions_mut().insert(PromptTokens(12));
+    req.extensions_mut()
+        .insert(crate::middleware::cap::MaxTokens(8));
     let resp = Forward::new(
         up,
         crate::policy::PolicyStore::new(crate::policy::LoadedPolicy::defaults()),
@@ -85,6 +87,7 @@ async fn requests_go_out_whole_and_responses_stream_back_chunk_by_chunk() {
     .expect("forwarded");
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.headers()["x-sluice-prompt-tokens"], "12");
+    assert_eq!(resp.headers()["x-sluice-max-tokens"], "8");
     assert!(
         resp.headers().get("connection").is_none(),
         "hop-by-hop dropped"

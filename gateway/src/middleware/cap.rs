@@ -7,7 +7,8 @@
 //! - Prompt + `max_tokens` above `limits.context_window` is refused, also with
 //!   `context_length_exceeded`.
 //!
-//! Adds the [`MaxTokens`] extension and writes the effective value into the body.
+//! Adds the [`MaxTokens`] extension and writes the effective value into the body; the response
+//! carries it in [`MAX_TOKENS_HEADER`], so a lowered `max_tokens` is never silent.
 
 use std::sync::Arc;
 
@@ -19,6 +20,10 @@ use super::count::PromptTokens;
 use super::parse::Json;
 use crate::error::GatewayError;
 use crate::policy::{Limits, PolicyStore};
+
+/// The response header that tells the client the completion budget the upstream got: its own
+/// `max_tokens`, the policy's default, or `limits.max_tokens_max` where it asked for more.
+pub const MAX_TOKENS_HEADER: &str = "x-sluice-max-tokens";
 
 /// The completion budget the upstream gets (a request extension).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,18 +49,27 @@ impl Check<Json> for Cap {
             .map(|p| p.0)
             .ok_or_else(|| GatewayError::Internal("the prompt was not counted".into()))?;
         let policy = self.policy.current();
-        let max = apply(&policy.policy.limits, prompt, &mut req.body_mut().value)?;
+        let json = req.body_mut();
+        let param = json.endpoint.prompt_param();
+        let max = apply(&policy.policy.limits, param, prompt, &mut json.value)?;
         req.extensions_mut().insert(MaxTokens(max));
         Ok(())
     }
 }
 
-/// Checks `prompt` against `limits` and sets the body's completion budget; returns it.
-pub fn apply(limits: &Limits, prompt: usize, body: &mut Value) -> Result<usize, GatewayError> {
+/// Checks `prompt` (the token count of the body's field `prompt_param`) against `limits` and
+/// sets the body's completion budget; returns it.
+pub fn apply(
+    limits: &Limits,
+    prompt_param: &'static str,
+    prompt: usize,
+    body: &mut Value,
+) -> Result<usize, GatewayError> {
     if prompt > limits.input_tokens_max {
         return Err(GatewayError::InputTooLong {
             tokens: prompt,
             limit: limits.input_tokens_max,
+            param: prompt_param,
         });
     }
     let window = limits.context_window;

@@ -4,7 +4,8 @@
 //!   [`RequestTrace`] (the caller's trace from `traceparent`, or a new one, with the gateway's
 //!   own span id) to the request, and the [`RequestRecord`] the spans are built from.
 //! - Turns every [`GatewayError`] from the layers below into its response (through
-//!   [`GatewayError::into_response`], the one mapping) and logs it.
+//!   [`GatewayError::into_response`], the one mapping) and logs it. A panic below (a bug) is
+//!   caught and answered as 500 `internal_error`, so no accepted request goes unanswered.
 //! - Sets `x-request-id` and `traceparent` on every response.
 //! - Counts the request as accepted, and records how it ends ([`crate::telemetry::Outcome`]).
 
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{HeaderValue, Request, Response};
+use sluice_engine::error::caught;
 use sluice_engine::trace::new_id;
 use tower::{Layer, Service, ServiceExt};
 
@@ -119,7 +121,10 @@ where
         let inner = self.inner.clone();
         let guard = OutcomeGuard::accept(self.metrics.clone(), record);
         Box::pin(async move {
-            let mut resp = match inner.oneshot(req).await {
+            let answer = caught(inner.oneshot(req))
+                .await
+                .unwrap_or_else(|panic| Err(panicked(id.as_str(), &panic)));
+            let mut resp = match answer {
                 Ok(resp) => {
                     let status = resp.status();
                     resp.map(|b| guard.respond(b, status))
@@ -136,6 +141,14 @@ where
             Ok(resp)
         })
     }
+}
+
+/// The error a panic below this layer becomes; the panic's message goes to the log only.
+fn panicked(request_id: &str, panic: &str) -> GatewayError {
+    tracing::error!(request_id, panic, "a request's handling panicked");
+    GatewayError::Internal(
+        "the gateway failed on this request (logged under its x-request-id)".into(),
+    )
 }
 
 #[cfg(test)]

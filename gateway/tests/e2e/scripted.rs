@@ -71,6 +71,10 @@ async fn exactly_the_input_cap_is_accepted_and_one_more_token_refused() {
     let (status, headers, _) = at_cap.await.expect("task");
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["x-sluice-prompt-tokens"], "8192");
+    assert_eq!(
+        headers["x-sluice-max-tokens"], "1",
+        "the request's own max_tokens"
+    );
     assert_eq!(headers["x-sluice-queue-ms"], "0");
     gw.assert_accounted().await;
     gw.shutdown().await;

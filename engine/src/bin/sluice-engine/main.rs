@@ -293,13 +293,7 @@ fn bench_cmd<B: Backend>(
 fn generate_cmd<B: Backend>(loaded: &Loaded, llama: &Llama<B>, args: &GenerateArgs) -> Result<()> {
     let text = if args.chat {
         let template = ChatTemplate::from_gguf(&loaded.gguf)?;
-        template.render(
-            &[ChatMessage {
-                role: "user".into(),
-                content: args.prompt.clone(),
-            }],
-            true,
-        )?
+        template.render(&[ChatMessage::new("user", args.prompt.clone())], true)?
     } else {
         args.prompt.clone()
     };

@@ -31,6 +31,38 @@ async fn bad_json_names_the_position() {
 }
 
 #[tokio::test]
+async fn what_clients_echo_back_from_an_assistant_message_is_accepted_when_empty() {
+    let s = TestServer::start(vec![]).await;
+    let echoed = json!({
+        "role": "assistant", "content": "Hi!", "refusal": null, "annotations": [],
+        "audio": null, "function_call": null, "tool_calls": [], "reasoning_content": null,
+    });
+    let body = json!({"messages": [
+        {"role": "user", "content": "hi"}, echoed, {"role": "user", "content": "again"},
+        // A tool result's tool name (LangChain sends it): the tool format carries none.
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "42"},
+    ]});
+    let r = s.post("/v1/chat/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_panic_under_a_handler_is_a_500_and_the_server_goes_on() {
+    let s = TestServer::start(vec![super::Script::Panic]).await;
+    let user = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let e = s.post("/v1/chat/completions", &user).await.error(500);
+    assert_eq!(e["code"], "internal_error");
+    assert_eq!(e["type"], "server_error");
+    assert!(
+        !e["message"].as_str().unwrap().contains("scripted bug"),
+        "{e}"
+    );
+    let r = s.post("/v1/chat/completions", &user).await;
+    assert_eq!(r.status, 200, "the next request is served");
+}
+
+#[tokio::test]
 async fn validation_errors_name_the_field() {
     let s = TestServer::start(vec![]).await;
     let user = json!({"role": "user", "content": "hi"});
@@ -78,9 +110,23 @@ async fn validation_errors_name_the_field() {
         (json!({"messages": [user], "max_tokens": -3}), "max_tokens", "max_tokens: expected a non-negative integer"),
         (json!({"messages": [user], "max_tokens": 2, "min_tokens": 3}), "min_tokens", "min_tokens: 3 is more"),
         (json!({"messages": [user], "stream": "yes"}), "stream", "stream: expected a boolean"),
+        (json!({"messages": [user], "stream_options": {"include_usage": true}}), "stream_options", "include_usage needs stream: true"),
         (json!({"messages": [user], "model": 3}), "model", "model: expected a string"),
         (json!({"messages": [user], "tools": [{"type": "function", "function": {}}]}), "tools[0].function.name", "tools[0].function.name: required"),
         (json!({"messages": [user], "tool_choice": "sometimes"}), "tool_choice", "tool_choice: expected"),
+        (json!({"messages": [user], "tool_choice": "required"}), "tool_choice", "needs at least one tool"),
+        (json!({"messages": [user], "tools": [], "tool_choice": "required"}), "tool_choice", "needs at least one tool"),
+        // Inside a message: no unknown key, nothing a role cannot carry, no name the template
+        // would drop (SmolLM2's renders none), no echoed field with content.
+        (json!({"messages": [{"role": "user", "content": "x", "mood": "happy"}]}), "messages[0].mood", "messages[0].mood: unrecognized request argument"),
+        (json!({"messages": [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}]}), "messages[0].tool_calls", "only assistant messages make tool calls"),
+        (json!({"messages": [{"role": "user", "content": "x", "tool_call_id": "call_1"}]}), "messages[0].tool_call_id", "only tool messages answer a tool call"),
+        (json!({"messages": [{"role": "user", "content": "x", "name": "alice"}]}), "messages[0].name", "renders no name on a message of role user"),
+        (json!({"messages": [user, {"role": "assistant", "content": "x", "name": "bot"}, user]}), "messages[1].name", "renders no name on a message of role assistant"),
+        (json!({"messages": [user, {"role": "assistant", "content": "", "refusal": "I can't"}]}), "messages[1].refusal", "a refusal in the history is not rendered"),
+        (json!({"messages": [user, {"role": "assistant", "content": "x", "audio": {"id": "a"}}]}), "messages[1].audio", "this model has no audio"),
+        (json!({"messages": [user, {"role": "assistant", "content": "x", "function_call": {"name": "f"}}]}), "messages[1].function_call", "use `tool_calls`"),
+        (json!({"messages": [{"role": "user", "content": "x", "name": 7}]}), "messages[0].name", "messages[0].name: expected a string"),
     ] {
         let e = s.post("/v1/chat/completions", &body).await.error(400);
         assert_eq!(e["type"], "invalid_request_error", "{body}");

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::super::fields::{handling, names, Handling, CHAT, COMPLETIONS};
+use super::super::fields::{handling, names, Handling, CHAT, COMPLETIONS, MESSAGE};
 use super::{Script, TestServer};
 use crate::generate::{FinishReason, TokenLogprob};
 
@@ -122,6 +122,29 @@ fn every_openai_field_has_a_documented_handling() {
             );
         }
     }
+    // The fields of one message, OpenAI's (every role's) among them.
+    let message_keys: Vec<&str> = MESSAGE.iter().map(|&(k, _)| k).collect();
+    for f in [
+        "role",
+        "content",
+        "name",
+        "tool_calls",
+        "tool_call_id",
+        "refusal",
+        "audio",
+        "function_call",
+    ] {
+        assert!(
+            message_keys.contains(&f),
+            "message field {f} is not in the table"
+        );
+    }
+    for f in message_keys {
+        assert!(
+            docs.contains(&format!("`{f}`")),
+            "docs/api.md does not list `{f}`"
+        );
+    }
 }
 
 #[tokio::test]
@@ -168,6 +191,7 @@ async fn refused_fields_name_themselves_and_ignored_ones_are_served() {
         assert_eq!(e["param"], "frobnicate", "{e}");
         assert_eq!(e["code"], "unsupported_parameter", "{e}");
         let mut body = base(path);
+        body["stream"] = json!(true);
         body["stream_options"] = json!({"include_usage": true, "include_obfuscation": false});
         assert_eq!(s.post(path, &body).await.status, 200, "{path}");
         body["stream_options"] = json!({"include_everything": true});

@@ -44,6 +44,8 @@ pub(super) enum Script {
     Refuse(EngineError),
     /// These token texts, then hand the sender to the test (see [`TestServer::held`]).
     Hold(Vec<&'static str>),
+    /// Panic in `submit` (a bug somewhere under a handler).
+    Panic,
 }
 
 type Sender = mpsc::UnboundedSender<GenerationEvent>;
@@ -108,6 +110,7 @@ impl Engine for FakeEngine {
         let (tx, rx) = mpsc::unbounded_channel();
         match script {
             Script::Refuse(e) => return Err(e),
+            Script::Panic => panic!("a scripted bug"),
             Script::Reply(texts, reason) => {
                 for (i, t) in texts.iter().enumerate() {
                     tx.send(token(i, t)).unwrap();

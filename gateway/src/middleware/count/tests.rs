@@ -199,6 +199,20 @@ fn a_tokenizer_json_counts_as_the_gguf_does() {
             .count(Endpoint::ChatCompletions, &joined)
             .expect("joined")
     );
+    // Malformed tool calls in the history are the upstream's to refuse: counted, never a
+    // panic (they were indexed into once).
+    for calls in [
+        json!([1]),
+        json!([{"function": "x"}]),
+        json!([{"function": {"arguments": 3}}]),
+    ] {
+        let body = json!({"messages": [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": calls}]});
+        assert!(
+            hf_counter.count(Endpoint::ChatCompletions, &body).is_ok(),
+            "{body}"
+        );
+    }
     let file = PromptCounter::open(&dir.join("tokenizer.json")).expect("the file itself");
     assert_eq!(
         file.count(requests[0].0, &requests[0].1).expect("count"),

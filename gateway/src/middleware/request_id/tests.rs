@@ -69,11 +69,40 @@ async fn errors_become_openai_shaped_responses_with_the_request_id() {
     assert_eq!(resp.headers()["retry-after"], "1");
     let id = resp.headers()[REQUEST_ID_HEADER].to_str().expect("ascii");
     assert_ne!(id, "bad id with spaces", "an unsafe id is replaced");
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "queue_timeout");
+    assert_eq!(v["error"]["type"], "overloaded_error");
+}
+
+#[tokio::test]
+async fn a_panic_below_is_answered_with_a_500_not_a_dropped_connection() {
+    let svc = RequestIdLayer::default().layer(tower::service_fn(|_: Request<()>| async {
+        if std::hint::black_box(true) {
+            panic!("a bug in a layer");
+        }
+        Ok::<_, GatewayError>(Response::new(body::full(String::new())))
+    }));
+    let req = Request::builder()
+        .header(REQUEST_ID_HEADER, "req-panic")
+        .body(())
+        .expect("request");
+    let resp = svc.oneshot(req).await.expect("infallible");
+    assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(resp.headers()[REQUEST_ID_HEADER], "req-panic");
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "internal_error");
+    assert_eq!(v["error"]["type"], "server_error");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        !msg.contains("a bug in a layer"),
+        "the panic stays in the log: {msg}"
+    );
+}
+
+async fn json_body(resp: Response<GatewayBody>) -> serde_json::Value {
     let body = http_body_util::BodyExt::collect(resp.into_body())
         .await
         .expect("body")
         .to_bytes();
-    let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
-    assert_eq!(v["error"]["code"], "queue_timeout");
-    assert_eq!(v["error"]["type"], "overloaded_error");
+    serde_json::from_slice(&body).expect("json")
 }
