@@ -159,20 +159,17 @@ impl Engine for EngineHandle {
         if req.max_tokens == 0 {
             return invalid("invalid_value", "max_tokens must be at least 1".into());
         }
-        // Saturating: a `max_tokens` near `usize::MAX` must be refused here, not wrap under the
+        // Checked: a `max_tokens` near `usize::MAX` must be refused here, not wrap under the
         // window and then run until the pool is full.
-        let need = req.prompt.len().saturating_add(req.max_tokens);
-        if need > self.cfg.context_window {
+        let need = req.prompt.len().checked_add(req.max_tokens);
+        let Some(need) = need.filter(|&n| n <= self.cfg.context_window) else {
+            let (p, m, w) = (req.prompt.len(), req.max_tokens, self.cfg.context_window);
+            let sum = need.map_or_else(String::new, |n| format!(" = {n}"));
             return invalid(
                 "context_length_exceeded",
-                format!(
-                    "this request needs {} prompt tokens + {} max_tokens = {need}, over the context window of {} tokens",
-                    req.prompt.len(),
-                    req.max_tokens,
-                    self.cfg.context_window
-                ),
+                format!("this request needs {p} prompt tokens + {m} max_tokens{sum}, over the context window of {w} tokens"),
             );
-        }
+        };
         if need > self.kv_tokens {
             return invalid(
                 "context_length_exceeded",
