@@ -100,7 +100,8 @@ impl Router {
                 "loaded_at": loaded_at,
                 "path": loaded.path.as_ref().map(|p| p.display().to_string()),
                 "restart_pending": loaded.restart_pending,
-                "policy": loaded.policy,
+                "access_changes": loaded.access_changes,
+                "policy": shown(&loaded.policy),
             }),
         ))
     }
@@ -159,4 +160,54 @@ pub fn json_ok(status: StatusCode, value: &serde_json::Value) -> Response<Gatewa
         HeaderValue::from_static("application/json"),
     );
     resp
+}
+
+/// The policy as `/admin/policy` shows it: the Redis URL without its password (the file holds
+/// one for `requirepass`; reading the policy back needs none of it).
+fn shown(policy: &crate::policy::Policy) -> serde_json::Value {
+    let mut v = serde_json::to_value(policy).unwrap_or(serde_json::Value::Null);
+    if let Some(url) = v.pointer_mut("/shared/redis_url") {
+        if let Some(s) = url.as_str() {
+            *url = serde_json::Value::String(without_password(s));
+        }
+    }
+    v
+}
+
+/// `url` with the password of its userinfo (`scheme://user:password@host`) replaced by `***`.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_password;
+
+    #[test]
+    fn the_redis_password_is_not_shown() {
+        for (url, shown) in [
+            (
+                "redis://:s3cret@10.0.0.5:6379/0",
+                "redis://:***@10.0.0.5:6379/0",
+            ),
+            ("redis://app:p@ss@host:6379", "redis://app:***@host:6379"),
+            ("rediss://user@host", "rediss://user@host"),
+            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
+            ("redis://host/0?x=a:b@c", "redis://host/0?x=a:b@c"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(without_password(url), shown, "{url}");
+        }
+    }
 }

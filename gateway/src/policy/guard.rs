@@ -20,7 +20,7 @@
 use std::net::SocketAddr;
 
 use super::load::PolicyError;
-use super::schema::Policy;
+use super::schema::{Policy, Tenant};
 use super::validate;
 
 /// Declares [`RESTART_KEYS`] and `hold`, which copies each of them from the running policy into
@@ -82,7 +82,9 @@ pub struct Admitted {
     pub policy: Policy,
     /// The restart-only keys the file changed (held at their running values).
     pub restart_pending: Vec<String>,
-    /// What changed in who may call (tenants added or removed, the admin key), for the log.
+    /// What changed in who may call and how much (tenants added or removed, their keys,
+    /// classes and limits, the admin key, `server.open`): logged at warn, shown by
+    /// `/admin/policy` and counted by `sluice_policy_access_changes`.
     pub access_changes: Vec<String>,
 }
 
@@ -158,7 +160,37 @@ impl Guard {
     }
 }
 
-/// Tenants added and removed (by name) and admin-key changes between two policies.
+/// One tenant's class and limits, old -> new, where they changed (a raise or a removed limit
+/// widens what its key may do; every change is reported, so none goes unseen).
+fn tenant_limit_changes(old: &Tenant, new: &Tenant) -> Vec<String> {
+    let limit = |v: Option<String>| v.unwrap_or_else(|| "unlimited".to_owned());
+    let changes = [
+        (
+            "class",
+            old.class.as_str().to_owned(),
+            new.class.as_str().to_owned(),
+        ),
+        (
+            "requests_per_second",
+            limit(old.requests_per_second.map(|r| r.to_string())),
+            limit(new.requests_per_second.map(|r| r.to_string())),
+        ),
+        ("burst", old.burst.to_string(), new.burst.to_string()),
+        (
+            "tokens_per_minute",
+            limit(old.tokens_per_minute.map(|t| t.to_string())),
+            limit(new.tokens_per_minute.map(|t| t.to_string())),
+        ),
+    ];
+    changes
+        .into_iter()
+        .filter(|(_, a, b)| a != b)
+        .map(|(key, a, b)| format!("tenant {:?}: {key} {a} -> {b}", new.name))
+        .collect()
+}
+
+/// Tenants added and removed (by name), their keys, classes and limits, and admin-key changes
+/// between two policies.
 fn access_changes(old: &Policy, new: &Policy) -> Vec<String> {
     let mut out = Vec::new();
     let names = |p: &Policy| -> Vec<String> { p.tenants.iter().map(|t| t.name.clone()).collect() };
@@ -179,6 +211,7 @@ fn access_changes(old: &Policy, new: &Policy) -> Vec<String> {
         if t_old.api_key_sha256 != t_new.api_key_sha256 {
             out.push(format!("tenant {:?}: key changed", t_new.name));
         }
+        out.extend(tenant_limit_changes(t_old, t_new));
     }
     if old.server.open != new.server.open {
         out.push(format!(

@@ -20,6 +20,9 @@ pub struct LoadedPolicy {
     /// Keys the file changed that need a restart (held at their running values; see
     /// [`super::guard`]).
     pub restart_pending: Vec<String>,
+    /// What the reload that put this policy in force changed in who may call and how much
+    /// (tenants, keys, classes, limits, the admin key, `server.open`; see [`super::guard`]).
+    pub access_changes: Vec<String>,
 }
 
 /// Why a policy was refused; the message names the file, line and column where it can.
@@ -46,6 +49,7 @@ impl LoadedPolicy {
             loaded_at: SystemTime::now(),
             path: None,
             restart_pending: Vec::new(),
+            access_changes: Vec::new(),
         }
     }
 
@@ -71,6 +75,7 @@ impl LoadedPolicy {
             loaded_at: SystemTime::now(),
             path: path.map(Path::to_owned),
             restart_pending: Vec::new(),
+            access_changes: Vec::new(),
         })
     }
 }

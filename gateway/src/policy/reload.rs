@@ -345,8 +345,9 @@ pub(super) fn reload_now(
             *last_failed = None;
             new.policy = checked.policy;
             new.restart_pending = checked.restart_pending;
+            new.access_changes = checked.access_changes;
             tracing::info!(path = %path.display(), sha256 = %new.sha256, "policy reloaded");
-            for change in &checked.access_changes {
+            for change in &new.access_changes {
                 tracing::warn!(path = %path.display(), %change, "policy reload changed access");
             }
             if !new.restart_pending.is_empty() {

@@ -591,9 +591,13 @@ fn sha256_hex(s: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
+        // The value is not quoted: an operator who pasted the key itself would see it in the
+        // log, the reload alert and `sluice policy check`.
         Err(format!(
-            "{s:?} is not a SHA-256 in lowercase hex (64 characters 0-9a-f; \
-             e.g. `printf %s \"$KEY\" | sha256sum`), and never the key itself"
+            "is not a SHA-256 in lowercase hex (it has {} characters; 64 characters 0-9a-f \
+             expected, e.g. `printf %s \"$KEY\" | sha256sum`), and never the key itself (the \
+             value is not repeated here in case it is one)",
+            s.chars().count()
         ))
     }
 }

@@ -323,8 +323,8 @@ pub fn render_prediction(out: &mut String, p: &PredictionView) {
     let _ = writeln!(out, "sluice_output_share {}", p.output_share);
 }
 
-/// Gauges of the policy in force: whether it runs open (no key asked) and how many of the
-/// file's keys wait for a restart.
+/// Gauges of the policy in force: whether it runs open (no key asked), how many of the file's
+/// keys wait for a restart, and how many access changes its reload made.
 pub fn render_policy(out: &mut String, loaded: &LoadedPolicy) {
     let gauges = [
         (
@@ -336,6 +336,11 @@ pub fn render_policy(out: &mut String, loaded: &LoadedPolicy) {
             "sluice_policy_restart_pending",
             "Keys of the policy file that changed but need a restart (held at their running values).",
             loaded.restart_pending.len() as u64,
+        ),
+        (
+            "sluice_policy_access_changes",
+            "Changes in who may call and how much that the reload in force made (tenants, keys, classes, limits, the admin key, server.open; listed by /admin/policy).",
+            loaded.access_changes.len() as u64,
         ),
     ];
     for (name, text, v) in gauges {

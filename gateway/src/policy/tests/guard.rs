@@ -72,6 +72,35 @@ fn removing_some_tenants_is_an_ordinary_edit() {
 }
 
 #[test]
+fn a_raised_class_or_a_removed_limit_is_an_access_change() {
+    let limited =
+        "class = \"batch\"\nrequests_per_second = 1.0\nburst = 1\ntokens_per_minute = 1000";
+    let running = policy(&(tenant("alice", ALICE, "") + &tenant("bob", BOB, limited)));
+    // bob becomes interactive and unlimited: allowed, and every change is named.
+    let a = on("127.0.0.1:8443")
+        .admit(&running, two_tenants())
+        .expect("an ordinary edit");
+    assert_eq!(
+        a.access_changes,
+        vec![
+            "tenant \"bob\": class batch -> interactive",
+            "tenant \"bob\": requests_per_second 1 -> unlimited",
+            "tenant \"bob\": burst 1 -> 10",
+            "tenant \"bob\": tokens_per_minute 1000 -> unlimited",
+        ]
+    );
+    // Back again: the narrowing is named too; the same file twice changes nothing.
+    let a = on("127.0.0.1:8443")
+        .admit(&two_tenants(), running.clone())
+        .expect("an ordinary edit");
+    assert_eq!(a.access_changes.len(), 4, "{:?}", a.access_changes);
+    let a = on("127.0.0.1:8443")
+        .admit(&running, running.clone())
+        .expect("unchanged");
+    assert!(a.access_changes.is_empty(), "{:?}", a.access_changes);
+}
+
+#[test]
 fn dropping_the_admin_key_needs_admin_disabled() {
     let with_admin = format!(
         "{}[admin]\napi_key_sha256 = \"{ADMIN}\"\n",

@@ -286,6 +286,36 @@ fn a_reload_that_drops_every_tenant_is_refused_with_the_key_path() {
 }
 
 #[test]
+fn a_reload_that_widens_a_tenant_goes_in_force_with_its_access_changes() {
+    let dir = temp_dir("tenant-widened");
+    let path = dir.join("policy.toml");
+    let key = "26610361abc9db469217e20ea87f004719c498a704d49688c651b26cf7af8963";
+    let bob =
+        |extra: &str| format!("[[tenants]]\nname = \"bob\"\napi_key_sha256 = \"{key}\"\n{extra}");
+    std::fs::write(&path, bob("class = \"batch\"\ntokens_per_minute = 1000\n")).expect("write");
+    let store = PolicyStore::new(LoadedPolicy::from_file(&path).expect("initial"));
+    assert!(store.current().access_changes.is_empty());
+    let (_seen, record) = recorder();
+    let mut last_failed = None;
+    std::fs::write(&path, bob("")).expect("write");
+    let outcome = reload(&path, &store, &record, &mut last_failed, Trigger::Watch);
+    assert!(matches!(outcome, Outcome::Replaced(_)), "{outcome:?}");
+    assert_eq!(
+        store.current().access_changes,
+        vec![
+            "tenant \"bob\": class batch -> interactive",
+            "tenant \"bob\": tokens_per_minute 1000 -> unlimited",
+        ]
+    );
+    let mut metrics = String::new();
+    crate::telemetry::metrics::render_policy(&mut metrics, &store.current());
+    assert!(
+        metrics.contains("\nsluice_policy_access_changes 2\n"),
+        "{metrics}"
+    );
+}
+
+#[test]
 fn a_reload_that_changes_listen_applies_the_rest_and_reports_the_restart() {
     let (path, store) = setup("restart");
     let (_seen, record) = recorder();

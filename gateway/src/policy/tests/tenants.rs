@@ -22,6 +22,20 @@ refused!(
     "line 3, column 18: tenants[0].api_key_sha256",
     "never the key itself"
 );
+#[test]
+fn a_key_pasted_where_its_hash_goes_is_not_repeated() {
+    let e = err(&tenant("a", "sk-live-abc123", ""));
+    assert!(e.contains("tenants[0].api_key_sha256"), "{e}");
+    assert!(e.contains("14 characters"), "{e}");
+    assert!(
+        !e.contains("sk-live-abc123"),
+        "the key reaches the log and alerts: {e}"
+    );
+    let e = err("[admin]\napi_key_sha256 = \"sk-admin-secret\"\n");
+    assert!(e.starts_with("line 2"), "{e}");
+    assert!(!e.contains("sk-admin-secret"), "{e}");
+}
+
 refused!(
     tenant_key_uppercase,
     &tenant("a", &ALICE.to_uppercase(), ""),
