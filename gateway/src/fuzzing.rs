@@ -4,13 +4,10 @@
 
 use std::sync::OnceLock;
 
-use sluice_engine::model::chat::ChatTemplate;
-use sluice_engine::model::gguf::GgufFile;
-use sluice_engine::model::tokenizer::Tokenizer;
-use sluice_engine::server::prompt::{upstream_prompt_ids, Endpoint};
+use sluice_engine::server::prompt::Endpoint;
 
 use crate::middleware::cap;
-use crate::middleware::count::{PromptCounter, TokenCounter};
+use crate::middleware::count::{PromptCounter, Rendering, TokenCounter};
 use crate::policy::{Limits, LoadedPolicy};
 
 /// The real model's tokenizer and chat template, read once; `None` without the model.
@@ -21,21 +18,6 @@ fn counter() -> Option<&'static PromptCounter> {
         .as_ref()
 }
 
-/// The same model's tokenizer and template, for counting as a vLLM or SGLang upstream renders
-/// (the path a `tokenizer.json` counter takes); `None` without the model.
-fn upstream() -> Option<&'static (Tokenizer, ChatTemplate)> {
-    static UPSTREAM: OnceLock<Option<(Tokenizer, ChatTemplate)>> = OnceLock::new();
-    UPSTREAM
-        .get_or_init(|| {
-            let gguf = GgufFile::open(&sluice_engine::model::default_model_path()).ok()?;
-            Some((
-                Tokenizer::from_gguf(&gguf).ok()?,
-                ChatTemplate::from_gguf(&gguf).ok()?,
-            ))
-        })
-        .as_ref()
-}
-
 /// A request body as the stack handles it: parsed, its prompt counted for both endpoints
 /// with the real tokenizer and chat template (as the engine renders it and as an upstream's
 /// template does), and `max_tokens` capped.
@@ -43,7 +25,7 @@ pub fn request(data: &[u8]) {
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
         return;
     };
-    let (Some(counter), Some((tokenizer, template))) = (counter(), upstream()) else {
+    let Some(counter) = counter() else {
         return;
     };
     for endpoint in [Endpoint::ChatCompletions, Endpoint::Completions] {
@@ -51,7 +33,8 @@ pub fn request(data: &[u8]) {
             let param = endpoint.prompt_param();
             let _ = cap::apply(&Limits::default(), param, n, &mut value.clone());
         }
-        let _ = upstream_prompt_ids(endpoint, &value, tokenizer, template);
+        // As a vLLM or SGLang upstream's template renders it (a `tokenizer.json` counter).
+        let _ = counter.count_as(Rendering::Template, endpoint, &value);
     }
 }
 

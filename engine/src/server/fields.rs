@@ -42,6 +42,12 @@ fn is_true(v: &Value) -> bool {
     v == &Value::Bool(true)
 }
 
+fn is_empty_text(v: &Value) -> bool {
+    v.as_str() == Some("")
+}
+
+const NOT_REASONING: &str = "this model is not a reasoning model";
+
 const fn refused(why: &'static str) -> Handling {
     Refused {
         harmless: never,
@@ -139,10 +145,7 @@ pub(crate) const CHAT: &[(&str, Handling)] = &[
         },
     ),
     ("audio", refused("this model has no audio output")),
-    (
-        "reasoning_effort",
-        refused("this model is not a reasoning model"),
-    ),
+    ("reasoning_effort", refused(NOT_REASONING)),
     ("verbosity", refused("this server has no verbosity control")),
     (
         "web_search_options",
@@ -207,7 +210,7 @@ pub(crate) const MESSAGE: &[(&str, Handling)] = &[
     (
         "refusal",
         Refused {
-            harmless: |v| v.as_str() == Some(""),
+            harmless: is_empty_text,
             why: "a refusal in the history is not rendered; give it as content",
         },
     ),
@@ -226,15 +229,15 @@ pub(crate) const MESSAGE: &[(&str, Handling)] = &[
     (
         "reasoning_content",
         Refused {
-            harmless: |v| v.as_str() == Some(""),
-            why: "this model is not a reasoning model",
+            harmless: is_empty_text,
+            why: NOT_REASONING,
         },
     ),
     (
         "reasoning",
         Refused {
-            harmless: |v| v.as_str() == Some(""),
-            why: "this model is not a reasoning model",
+            harmless: is_empty_text,
+            why: NOT_REASONING,
         },
     ),
 ];

@@ -47,7 +47,7 @@ pub struct PromptCounter {
 
 /// Who builds the prompt from the request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Rendering {
+pub(crate) enum Rendering {
     /// The bundled engine: its own tools prompt, its field checks.
     Engine,
     /// A server that hands the request to the model's template (vLLM, SGLang).
@@ -78,13 +78,26 @@ impl PromptCounter {
     }
 }
 
-impl TokenCounter for PromptCounter {
-    fn count(&self, endpoint: Endpoint, body: &serde_json::Value) -> Result<usize, GatewayError> {
-        let build = match self.rendering {
+impl PromptCounter {
+    /// The prompt's length as `rendering` builds it from this tokenizer and template, whichever
+    /// the files were opened for (the `request` fuzz target drives both).
+    pub(crate) fn count_as(
+        &self,
+        rendering: Rendering,
+        endpoint: Endpoint,
+        body: &serde_json::Value,
+    ) -> Result<usize, GatewayError> {
+        let build = match rendering {
             Rendering::Engine => prompt_ids,
             Rendering::Template => upstream_prompt_ids,
         };
         Ok(build(endpoint, body, self.tokenizer.as_ref(), &self.template)?.len())
+    }
+}
+
+impl TokenCounter for PromptCounter {
+    fn count(&self, endpoint: Endpoint, body: &serde_json::Value) -> Result<usize, GatewayError> {
+        self.count_as(self.rendering, endpoint, body)
     }
 }
 
