@@ -157,9 +157,16 @@ impl Scheduler {
                 i += 1;
             }
         }
-        let before = self.waiting.len();
-        self.waiting.retain(|s| !s.client_gone());
-        self.counters.aborted += (before - self.waiting.len()) as u64;
+        // A waiting sequence may have been preempted after sampling: the last rank still
+        // keeps its sampler, so it is released like a running one.
+        let (gone, waiting) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|s| s.client_gone());
+        self.waiting = waiting;
+        for seq in Vec::from(gone) {
+            self.counters.aborted += 1;
+            self.release(seq);
+        }
     }
 
     /// Fails every request (a rank went down); the ranks' state is gone with it.

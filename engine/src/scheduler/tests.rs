@@ -367,3 +367,38 @@ async fn engine_spans_join_the_callers_trace() {
         req.attributes
     );
 }
+
+#[test]
+fn a_waiting_request_whose_client_left_is_released_on_every_rank() {
+    // A waiting sequence may have sampled before it was preempted: the last rank keeps its
+    // sampler until the sequence is released, so one that leaves from the queue is too.
+    let cfg = SchedulerConfig {
+        max_running: 1,
+        max_batch_tokens: 64,
+        max_in_flight: 1,
+        kv_blocks: 16,
+    };
+    let tokenizer = Arc::new(toy_tokenizer());
+    let mut sched = Scheduler::new(cfg, tokenizer.clone());
+    let (stay_tx, _stay_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (gone_tx, gone_rx) = tokio::sync::mpsc::unbounded_channel();
+    sched.add(super::Sequence::new(
+        1,
+        request(1, 8, 4),
+        0,
+        tokenizer.clone(),
+        stay_tx,
+    ));
+    sched.add(super::Sequence::new(
+        2,
+        request(2, 8, 4),
+        0,
+        tokenizer,
+        gone_tx,
+    ));
+    drop(gone_rx);
+    sched.abort_disconnected();
+    assert_eq!(sched.take_released(), vec![2]);
+    assert_eq!(sched.metrics().requests_aborted, 1);
+    assert!(!sched.is_idle(), "the other one still waits");
+}

@@ -1,19 +1,29 @@
-//! The upstream's idle timeout: a body that fails when the upstream sends nothing for too long,
-//! so a stalled engine cannot hold a slot forever. A stream (`text/event-stream`) ends the way
-//! the engine ends a failed stream — an error event, then `data: [DONE]` — so the client never
-//! mistakes the cut for a normal end; any other body fails. A stream the upstream broke off
-//! (a rank died, the connection dropped) ends the same way, with `upstream_error`.
+//! The upstream's response body on its way to the client.
+//!
+//! - **Idle timeout:** the body fails when the upstream sends nothing for too long, so a
+//!   stalled engine cannot hold a slot forever. A stream (`text/event-stream`) ends the way the
+//!   engine ends a failed stream (an error event, then `data: [DONE]`), so the client never
+//!   mistakes the cut for a normal end; any other body fails. A stream the upstream broke off
+//!   (a rank died, the connection dropped) ends the same way, with `upstream_error`.
+//! - **Whole events:** a stream is passed on an event at a time (the upstream's frames almost
+//!   always are), holding back a trailing half event until its end arrives, so that the error
+//!   event never lands inside a half-sent one, where the client's parser would lose it.
+//! - **The replica's health:** the body holds the request's [`Lease`] until it ends. A stream
+//!   that breaks off or stalls is the replica's failure, and a stream that ends well its
+//!   success (counted here, not on the response's headers: a replica whose streams all break
+//!   after a good start must be ejected).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
+use super::replicas::Lease;
 use crate::body::BoxError;
 use crate::error::GatewayError;
 
@@ -29,6 +39,10 @@ pin_project! {
         sleep: Sleep,
         // The response is a server-sent-event stream.
         sse: bool,
+        // What of the stream is not a whole event yet.
+        partial: BytesMut,
+        // The replica the body comes from, until the body ends.
+        lease: Option<Lease>,
         state: State,
     }
 }
@@ -48,8 +62,17 @@ impl<B> IdleBody<B> {
             idle,
             sleep: tokio::time::sleep(idle),
             sse,
+            partial: BytesMut::new(),
+            lease: None,
             state: State::Streaming,
         }
+    }
+
+    /// Holds `lease` until the body ends: a break or a stall is its replica's failure, a
+    /// stream's good end its success.
+    pub fn holding(mut self, lease: Lease) -> Self {
+        self.lease = Some(lease);
+        self
     }
 }
 
@@ -57,6 +80,16 @@ impl<B> IdleBody<B> {
 fn event(state: &mut State, err: &GatewayError) -> Frame<Bytes> {
     *state = State::EventSent;
     Frame::data(Bytes::from(format!("data: {}\n\n", err.to_json())))
+}
+
+/// Where the last whole event in `buf` ends (after its blank line), if one does.
+fn events_end(buf: &[u8]) -> Option<usize> {
+    let lf = buf.windows(2).rposition(|w| w == b"\n\n").map(|i| i + 2);
+    let crlf = buf
+        .windows(4)
+        .rposition(|w| w == b"\r\n\r\n")
+        .map(|i| i + 4);
+    lf.max(crlf)
 }
 
 impl<B> Body for IdleBody<B>
@@ -82,27 +115,63 @@ where
             }
             State::Streaming => {}
         }
-        if let Poll::Ready(frame) = this.inner.poll_frame(cx) {
-            let frame = frame.map(|r| r.map_err(Into::into));
+        while let Poll::Ready(frame) = this.inner.as_mut().poll_frame(cx) {
             let deadline = Instant::now() + *this.idle;
             this.sleep.as_mut().reset(deadline);
-            match &frame {
-                // A stream that broke off (the engine died, the connection was cut) ends
-                // with an error event too, never with a bare cut.
-                Some(Err(e)) if *this.sse => {
+            match frame {
+                Some(Ok(frame)) if *this.sse => {
+                    let data = match frame.into_data() {
+                        Ok(data) => data,
+                        Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    };
+                    if this.partial.is_empty() && data.ends_with(b"\n\n") {
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    this.partial.extend_from_slice(&data);
+                    if let Some(end) = events_end(this.partial) {
+                        let whole = this.partial.split_to(end).freeze();
+                        return Poll::Ready(Some(Ok(Frame::data(whole))));
+                    }
+                    // Only part of an event so far: wait for the rest.
+                }
+                Some(Ok(frame)) => return Poll::Ready(Some(Ok(frame))),
+                Some(Err(e)) => {
+                    let e: BoxError = e.into();
+                    if let Some(lease) = this.lease.take() {
+                        lease.failed();
+                    }
+                    if !*this.sse {
+                        *this.state = State::Done;
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                    // A stream that broke off (the engine died, the connection was cut) ends
+                    // with an error event too, never with a bare cut; a half event is dropped.
+                    this.partial.clear();
                     let err = GatewayError::Upstream(format!("the stream broke off: {e}"));
                     return Poll::Ready(Some(Ok(event(this.state, &err))));
                 }
-                None => *this.state = State::Done,
-                Some(_) => {}
+                None => {
+                    *this.state = State::Done;
+                    if let Some(lease) = this.lease.take() {
+                        lease.succeeded();
+                    }
+                    if this.partial.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    // The stream's last event had no blank line after it: it goes as it is.
+                    return Poll::Ready(Some(Ok(Frame::data(this.partial.split().freeze()))));
+                }
             }
-            return Poll::Ready(frame);
         }
         if this.sleep.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
+        if let Some(lease) = this.lease.take() {
+            lease.failed();
+        }
         let err = GatewayError::UpstreamTimeout(*this.idle);
         if *this.sse {
+            this.partial.clear();
             return Poll::Ready(Some(Ok(event(this.state, &err))));
         }
         *this.state = State::Done;
@@ -110,7 +179,10 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.state == State::Done || (self.state == State::Streaming && self.inner.is_end_stream())
+        self.state == State::Done
+            || (self.state == State::Streaming
+                && self.partial.is_empty()
+                && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -188,5 +260,46 @@ mod tests {
         }
         let err = body.frame().await.expect("frame").expect_err("idle");
         assert!(err.to_string().contains("sent nothing"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_stream_goes_by_whole_events_and_a_half_one_never_meets_the_error_event() {
+        let (mut tx, inner) = stalled();
+        let mut body = std::pin::pin!(IdleBody::new(inner, Duration::from_secs(300), true));
+        tx.send_data(Bytes::from_static(b"data: {\"a\":1}\n\ndata: {\"b\""))
+            .await
+            .expect("send");
+        let first = body.frame().await.expect("frame").expect("ok");
+        assert_eq!(first.into_data().expect("data"), "data: {\"a\":1}\n\n");
+        tx.send_data(Bytes::from_static(b":2}\r\n\r\n"))
+            .await
+            .expect("send");
+        let second = body.frame().await.expect("frame").expect("ok");
+        assert_eq!(second.into_data().expect("data"), "data: {\"b\":2}\r\n\r\n");
+        // Half an event, then the break: the client gets the error event on its own.
+        tx.send_data(Bytes::from_static(b"data: {\"c\""))
+            .await
+            .expect("send");
+        tx.abort(Box::new(std::io::Error::other("connection reset")));
+        let event = body.frame().await.expect("frame").expect("ok");
+        let text = String::from_utf8(event.into_data().expect("data").to_vec()).expect("utf8");
+        assert!(text.starts_with("data: {\"error\""), "{text}");
+        let done = body.frame().await.expect("frame").expect("ok");
+        assert_eq!(done.into_data().expect("data"), "data: [DONE]\n\n");
+        assert!(body.frame().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_last_event_without_its_blank_line_is_passed_on_at_the_end() {
+        let (mut tx, inner) = stalled();
+        let mut body = std::pin::pin!(IdleBody::new(inner, Duration::from_secs(300), true));
+        tx.send_data(Bytes::from_static(b"data: [DONE]\n"))
+            .await
+            .expect("send");
+        drop(tx);
+        let last = body.frame().await.expect("frame").expect("ok");
+        assert_eq!(last.into_data().expect("data"), "data: [DONE]\n");
+        assert!(body.frame().await.is_none());
+        assert!(body.is_end_stream());
     }
 }

@@ -126,7 +126,10 @@ impl Service<Request<Json>> for Forward {
                         }
                     }
                     Ok(Ok(resp)) => {
-                        lease.answered(resp.status());
+                        // A stream's health is judged at its end (`IdleBody`).
+                        if !(resp.status().is_success() && is_sse(resp.headers())) {
+                            lease.answered(resp.status());
+                        }
                         break (lease, resp);
                     }
                     Ok(Err(e)) if !resent && closed_before_answering(&conn, started, &e) => {
@@ -165,15 +168,21 @@ impl Service<Request<Json>> for Forward {
                     .headers
                     .insert(MAX_TOKENS_HEADER, HeaderValue::from(m.0));
             }
-            let sse = rparts
-                .headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.starts_with("text/event-stream"));
-            let body = lease.hold(IdleBody::new(incoming, idle, sse).boxed_unsync());
+            let sse = is_sse(&rparts.headers);
+            let body = IdleBody::new(incoming, idle, sse)
+                .holding(lease)
+                .boxed_unsync();
             Ok(Response::from_parts(rparts, body))
         })
     }
+}
+
+/// Whether a response is a server-sent-event stream.
+fn is_sse(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// The request as it goes upstream, rebuilt for each attempt.

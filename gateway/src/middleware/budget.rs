@@ -234,33 +234,49 @@ impl<B: Send + 'static> Around<B> for Budget {
         let stage = self.clone();
         Box::pin(async move {
             let (charge, arrival) = stage.arrive(&tenant, budget, prompt + max, class).await?;
+            // Refused or failed before anything was generated, or the client gone while the
+            // request waited (this future dropped): nothing to charge.
+            let mut charge = Reserved {
+                charge,
+                started: false,
+            };
             if let Some(a) = arrival {
                 // The lease the arrival took (if any), for the shared ceiling's stage.
                 req.extensions_mut().insert(a);
             }
-            match inner.call(req).await {
-                Ok(resp) => Ok(resp.map(|b| {
-                    let settle = Settle {
-                        charge,
-                        prompt,
-                        usage: UsageScanner::default(),
-                    };
-                    TapBody::new(b, settle).boxed_unsync()
-                })),
-                Err(e) => {
-                    // Refused or failed before anything was generated: nothing to charge.
-                    charge.settle(0);
-                    Err(e)
-                }
-            }
+            let resp = inner.call(req).await?;
+            charge.started = true;
+            Ok(resp.map(|b| {
+                let settle = Settle {
+                    charge,
+                    prompt,
+                    usage: UsageScanner::default(),
+                };
+                TapBody::new(b, settle).boxed_unsync()
+            }))
         })
+    }
+}
+
+/// A request's charge, given back whole when dropped before its response started.
+#[derive(Debug)]
+struct Reserved {
+    charge: Held,
+    started: bool,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if !self.started {
+            self.charge.settle(0);
+        }
     }
 }
 
 /// Settles the charge to the usage the response carries, once it is over.
 #[derive(Debug)]
 struct Settle {
-    charge: Held,
+    charge: Reserved,
     prompt: u64,
     usage: UsageScanner,
 }
@@ -274,7 +290,7 @@ impl Tap for Settle {
 impl Drop for Settle {
     fn drop(&mut self) {
         if let Some(c) = self.usage.completion_tokens() {
-            self.charge.settle(self.prompt + c);
+            self.charge.charge.settle(self.prompt + c);
         }
     }
 }

@@ -197,6 +197,36 @@ async fn a_request_that_reached_an_engine_is_never_retried() {
     gw.shutdown().await;
 }
 
+#[tokio::test]
+async fn a_replica_whose_streams_break_off_is_ejected() {
+    let (a, _) = dying_upstream().await;
+    let (b, _) = dying_upstream().await;
+    let mut p = replicas_policy(vec![a.clone(), b.clone()], 4);
+    // Only the streams judge the replicas here (a passing probe resets the count).
+    p.upstream.health_interval = Duration::from_secs(60);
+    let gw = Gateway::start_replicas(p).await;
+    // Four streams that start well and break off: one replica at least fails twice in a row.
+    for _ in 0..4 {
+        let resp = gw
+            .client()
+            .send("POST", "/v1/chat/completions", Some(&chat()))
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let _ = resp.into_body().collect().await;
+    }
+    let mut out = 0;
+    for url in [&a, &b] {
+        if replica_gauge(&gw, "sluice_upstream_replica_up", url).await == Some(0.0) {
+            out += 1;
+        }
+    }
+    assert!(
+        out >= 1,
+        "a replica whose every stream breaks off is ejected"
+    );
+    gw.shutdown().await;
+}
+
 /// An engine's own 503 ("engine is busy") goes to the other replica, once; with both busy the
 /// client gets the gateway's 503 `overloaded` with the engine's Retry-After, never the engine's
 /// text, and each request costs one attempt per replica at most. A busy engine is not ejected.

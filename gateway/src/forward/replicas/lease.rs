@@ -5,11 +5,9 @@
 use std::sync::Arc;
 
 use http::StatusCode;
-use http_body_util::BodyExt;
 
 use super::replica::Replica;
 use super::Shared;
-use crate::body::{BoxError, GatewayBody, Tap, TapBody};
 use crate::forward::upstream::Target;
 
 /// Where one attempt goes.
@@ -44,12 +42,6 @@ impl Lease {
         self.held.as_ref().map(|h| h.replica.index)
     }
 
-    /// `body`, holding the lease until it ends (a stream that breaks off is the replica's
-    /// failure) or the client goes away.
-    pub fn hold(self, body: GatewayBody) -> GatewayBody {
-        TapBody::new(body, Holding(Some(self))).boxed_unsync()
-    }
-
     /// The attempt failed: no connection, no answer in time, or a broken stream.
     pub fn failed(&self) {
         if let Some(h) = &self.held {
@@ -63,12 +55,19 @@ impl Lease {
     /// The replica answered with `status`: 5xx other than 503 (an engine shedding load is
     /// healthy) counts as a failure, anything else as a success.
     pub fn answered(&self, status: StatusCode) {
-        let Some(h) = &self.held else {
+        if self.held.is_none() {
             return;
-        };
+        }
         if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
             self.failed();
         } else {
+            self.succeeded();
+        }
+    }
+
+    /// The attempt succeeded (a stream counts once it has ended well).
+    pub fn succeeded(&self) {
+        if let Some(h) = &self.held {
             h.replica.succeeded();
         }
     }
@@ -79,21 +78,5 @@ impl Drop for Lease {
         if let Some(h) = &self.held {
             h.replica.give_back();
         }
-    }
-}
-
-/// A response body's hold on its lease.
-#[derive(Debug)]
-struct Holding(Option<Lease>);
-
-impl Tap for Holding {
-    fn ended(&mut self, result: Result<(), &BoxError>) {
-        if let (Some(lease), Err(_)) = (self.0.take(), result) {
-            lease.failed();
-        }
-    }
-
-    fn dropped(&mut self, _complete: bool) {
-        self.0 = None;
     }
 }

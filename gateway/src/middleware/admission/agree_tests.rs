@@ -271,8 +271,22 @@ async fn no_waiter_is_refused_after_waiting_when_the_upstream_keeps_to_the_model
     assert!(late * 10 <= served.len(), "{late} of {} late", served.len());
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_arrival_that_would_push_a_waiter_past_its_deadline_yields_or_is_refused() {
+/// Three slots, two of them decoding (14 ms a step): A 50 tokens from its end (0.7 s), B 300.
+/// A batch client W leaves interactive the last slot: it waits for A's end, 0.7 + 0.1 s. An
+/// interactive 1.5K prompt I could take that last slot now and be first at 1.5 s, but then W
+/// would wait for two ends, past its 2 s: I yields instead, behind W's 0.1 s prefill, at
+/// 0.8 + 1.5 s.
+struct Yielding {
+    adm: Arc<Admission>,
+    a: Admitted,
+    b: Admitted,
+    w: tokio::task::JoinHandle<()>,
+    i: tokio::task::JoinHandle<()>,
+    grants: mpsc::UnboundedReceiver<Grant>,
+    refused: Arc<Mutex<Vec<(GatewayError, Duration)>>>,
+}
+
+async fn yielding() -> Yielding {
     let l = Limits {
         active_max: 3,
         batch_ttft_deadline: Duration::from_secs(2),
@@ -284,14 +298,12 @@ async fn an_arrival_that_would_push_a_waiter_past_its_deadline_yields_or_is_refu
         max_tokens,
         ..Ticket::new(Class::Interactive, 100)
     };
-    // Two decoding (14 ms a step): one 50 tokens from its end (0.7 s), one 300.
     let a = acquire(adm.clone(), with_max(100)).await.expect("slot");
     let b = acquire(adm.clone(), with_max(600)).await.expect("slot");
     for p in [&a.permit, &b.permit] {
         p.first_token();
     }
-    // A batch request leaves interactive the last slot: it waits for A's end, 0.7 + 0.1 s.
-    let (to, mut grants) = mpsc::unbounded_channel();
+    let (to, grants) = mpsc::unbounded_channel();
     let refused = Arc::new(Mutex::new(Vec::new()));
     let batch = Ticket {
         max_tokens: 100,
@@ -300,11 +312,30 @@ async fn an_arrival_that_would_push_a_waiter_past_its_deadline_yields_or_is_refu
     let w = client(&adm, batch, &to, &refused);
     settle().await;
     assert_eq!(adm.snapshot().queued_batch, 1);
-    // An interactive 1.5K prompt could take that last slot now and be first at 1.5 s, but
-    // then the batch waiter would wait for two ends, past its 2 s. It yields instead: behind
-    // the batch waiter's 0.1 s prefill, at 0.8 + 1.5 s.
     let i = client(&adm, ticket(1500), &to, &refused);
     settle().await;
+    Yielding {
+        adm,
+        a,
+        b,
+        w,
+        i,
+        grants,
+        refused,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_arrival_that_would_push_a_waiter_past_its_deadline_yields_or_is_refused() {
+    let Yielding {
+        adm,
+        a,
+        b,
+        w,
+        i,
+        mut grants,
+        refused,
+    } = yielding().await;
     {
         let st = adm.lock();
         assert_eq!(st.waiters.len(), 2, "it waits");
@@ -346,4 +377,28 @@ async fn an_arrival_that_would_push_a_waiter_past_its_deadline_yields_or_is_refu
     w.await.expect("client");
     i.await.expect("client");
     drop((b, first, second));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_gone_lets_in_the_one_that_yielded_to_it() {
+    let Yielding {
+        adm,
+        a,
+        b,
+        w,
+        i,
+        mut grants,
+        refused,
+    } = yielding().await;
+    assert_eq!(adm.queued(), 2, "I yields to W");
+    // W's client goes away: the last slot is free and nobody is ahead of I, so it runs now,
+    // not at its next event or its deadline.
+    w.abort();
+    settle().await;
+    let granted = grants.try_recv().expect("granted at once");
+    assert_eq!(granted.prompt, 1500);
+    assert_eq!(adm.queued(), 0);
+    assert!(refused.lock().unwrap().is_empty());
+    i.await.expect("client");
+    drop((a, b, granted));
 }

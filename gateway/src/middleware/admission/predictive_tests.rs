@@ -224,6 +224,54 @@ async fn the_least_served_tenant_goes_first_within_a_class() {
     assert!(longs[1].try_recv().is_ok());
 }
 
+/// Tenant "a" holds one of two slots and waits for the other, held back for "b", whose request
+/// is over but who still counts as present: the waiter's receiver, and the slot "a" holds.
+async fn held_back_for_a_present_tenant() -> (
+    Arc<Admission>,
+    mpsc::UnboundedReceiver<Result<Admitted, GatewayError>>,
+    Admitted,
+) {
+    let mut l = limits(2);
+    l.predictive = false;
+    let adm = Admission::new(l);
+    let a = acquire(adm.clone(), ticket("a", 100)).await.expect("slot");
+    let b = acquire(adm.clone(), ticket("b", 100)).await.expect("slot");
+    let mut w = spawn(&adm, ticket("a", 100));
+    settle().await;
+    drop(b);
+    settle().await;
+    assert!(w.try_recv().is_err(), "held back while b is present");
+    assert_eq!(adm.snapshot().active, 1);
+    (adm, w, a)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_held_back_by_a_tenant_runs_once_that_tenant_lapses() {
+    let (adm, mut w, _a) = held_back_for_a_present_tenant().await;
+    // B lapses with time alone, no event: the waiter's next re-check tick lets it in, long
+    // before its queue_wait_max.
+    tokio::time::advance(super::fair::PRESENT_FOR + Duration::from_secs(1)).await;
+    settle().await;
+    let granted = w.try_recv().expect("answered").expect("slot");
+    assert_eq!(adm.snapshot().active, 2);
+    drop(granted);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_arrival_after_a_lapse_does_not_overtake_the_waiter() {
+    let (adm, mut w, _a) = held_back_for_a_present_tenant().await;
+    tokio::time::advance(super::fair::PRESENT_FOR + Duration::from_secs(1)).await;
+    // Before the waiter's tick: the waiter goes first, the newcomer queues behind it.
+    let late = adm.arrive(ticket("a", 100)).expect("queued");
+    assert!(
+        matches!(late, super::queue::Arrival::Queued { .. }),
+        "{late:?}"
+    );
+    settle().await;
+    let granted = w.try_recv().expect("answered").expect("slot");
+    drop((granted, late));
+}
+
 /// The scenario on a simulated upstream: one tenant sends 4K prompts at 3× the rate of
 /// the other's 256-token prompts (more prefill than the upstream can do: the long tenant's
 /// queue grows without end); the short tenant's TTFT p95 stays within 1.5× of its value alone.

@@ -11,7 +11,11 @@
 //! - waiters are granted slots interactive first, then batch, FIFO within a class; a waiter
 //!   that cannot run yet (heavy lane busy) does not block the ones behind it;
 //! - after every change the queue is dispatched until no waiter can run, so a new arrival
-//!   that finds a slot it may take can have it without overtaking anyone who could have run;
+//!   that finds a slot it may take can have it without overtaking anyone who could have run:
+//!   a slot or a prefill freed, a waiter gone (one that others yield to, or the interactive
+//!   waiter that held batch off the last slot), new limits or capacity, and, for what changes
+//!   with time alone (a tenant's presence lapsing after [`super::fair::PRESENT_FOR`]), every
+//!   re-check tick ([`super::wait::RECHECK_EVERY`]);
 //! - at most `prefill_tokens_max` prompt tokens are admitted but not yet past their prefill
 //!   (a longer prompt runs when nothing else prefills): four 8K prefills never run at once;
 //! - within a class, the tenant with the lowest virtual token counter goes first ([`super::fair`]);
@@ -33,6 +37,7 @@ use tokio::time::Instant;
 use super::drain::DrainRate;
 use super::fair::Fairness;
 use super::flight::Flight;
+use super::wait::RECHECK_EVERY;
 use crate::error::GatewayError;
 use crate::policy::{self, Class, Cost};
 use crate::predict::{
@@ -159,6 +164,8 @@ pub(super) struct State {
     pub(super) history: History,
     /// Output tokens generated as a share of `max_tokens`, averaged over recent streams.
     pub(super) output_share: f64,
+    /// When a re-check tick last dispatched the queue.
+    swept: Instant,
 }
 
 #[derive(Debug)]
@@ -266,6 +273,7 @@ impl Admission {
                 model: CostModel::new(&limits.cost),
                 history: History::default(),
                 output_share: super::predictive::OUTPUT_SHARE_SEED,
+                swept: Instant::now(),
                 limits,
             }),
         })
@@ -333,6 +341,10 @@ impl Admission {
     /// when its deadline cannot be met.
     pub fn arrive(self: &Arc<Self>, ticket: Ticket) -> Result<Arrival, GatewayError> {
         let mut st = self.lock();
+        if !st.waiters.is_empty() && st.active < st.active_max() {
+            // Whoever time alone has let run since the last tick goes first.
+            st.dispatch(self);
+        }
         let heavy = ticket.prompt_tokens > st.limits.heavy_input_tokens;
         st.backlogged(&ticket);
         let judged = st.judge(&ticket, heavy)?;
@@ -378,13 +390,22 @@ impl Admission {
     }
 
     /// Re-checks waiter `id`'s deadline: `Some(deadline_unmeetable)` (and out of the queue)
-    /// once its prediction misses it.
-    pub fn recheck(&self, id: u64) -> Option<GatewayError> {
+    /// once its prediction misses it. Otherwise the tick dispatches the queue (at most once per
+    /// [`RECHECK_EVERY`] whoever ticks) while a slot is free: a waiter held back by a tenant
+    /// whose presence has since lapsed may run now.
+    pub fn recheck(self: &Arc<Self>, id: u64) -> Option<GatewayError> {
         let mut st = self.lock();
-        let err = st.recheck(id)?;
-        st.waiters.retain(|w| w.id != id);
-        st.wake_ready();
-        Some(err)
+        if let Some(err) = st.recheck(id) {
+            st.waiters.retain(|w| w.id != id);
+            st.dispatch(self);
+            return Some(err);
+        }
+        let now = Instant::now();
+        if st.active < st.active_max() && now.duration_since(st.swept) >= RECHECK_EVERY {
+            st.swept = now;
+            st.dispatch(self);
+        }
+        None
     }
 
     /// The cost model's coefficients, the prediction error and the recent pairs.
@@ -392,15 +413,16 @@ impl Admission {
         self.lock().prediction_view()
     }
 
-    /// Takes waiter `id` out of the queue (it timed out or its client went away); false when it
-    /// was no longer there (granted or shed in the meantime: its receiver holds the answer).
-    pub fn leave(&self, id: u64) -> bool {
+    /// Takes waiter `id` out of the queue (it timed out or its client went away), and lets in
+    /// whoever it held back; false when it was no longer there (granted or shed in the
+    /// meantime: its receiver holds the answer).
+    pub fn leave(self: &Arc<Self>, id: u64) -> bool {
         let mut st = self.lock();
         let before = st.waiters.len();
         st.waiters.retain(|w| w.id != id);
         let left = st.waiters.len() != before;
         if left {
-            st.wake_ready();
+            st.dispatch(self);
         }
         left
     }

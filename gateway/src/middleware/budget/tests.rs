@@ -54,7 +54,10 @@ async fn usage_in_the_response_settles_the_charge() {
         r#"data: {"choices":[],"usage":{"prompt_tokens":100,"completion_tokens": 7,"total_tokens":107}}"#,
     );
     let settle = Settle {
-        charge: Held::Local(charge),
+        charge: Reserved {
+            charge: Held::Local(charge),
+            started: true,
+        },
         prompt: 100,
         usage: UsageScanner::default(),
     };
@@ -69,6 +72,35 @@ async fn usage_in_the_response_settles_the_charge() {
         .charge("alice", 1000, 893)
         .expect("settled to the real usage");
     assert!(budgets.charge("alice", 1000, 1).is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_whose_client_leaves_before_its_answer_gives_its_charge_back() {
+    use tower::{Layer, ServiceExt};
+    let stage = Budget::default();
+    // An upstream (or a queue) that has not answered yet.
+    let svc = AroundLayer::new(stage.clone()).layer(tower::service_fn(|_req: Request<()>| {
+        std::future::pending::<Result<Response<body::GatewayBody>, GatewayError>>()
+    }));
+    let tenant = Arc::new(alice(None, 0, Some(1000)));
+    let mut req = Request::new(());
+    req.extensions_mut().insert(Caller {
+        tenant: Some(tenant.clone()),
+        class: crate::policy::Class::Interactive,
+    });
+    req.extensions_mut().insert(PromptTokens(600));
+    let waiting = tokio::spawn(svc.oneshot(req));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(
+        through(&stage, &tenant, 600).await.is_err(),
+        "600 of 1,000 reserved while it waits"
+    );
+    // The client goes away: nothing was generated, nothing stays charged.
+    waiting.abort();
+    let _ = waiting.await;
+    through(&stage, &tenant, 600)
+        .await
+        .expect("the charge came back whole");
 }
 
 /// Alice, with a rate limit of `rate` and `burst`, and a budget of `budget` per minute.
