@@ -163,7 +163,7 @@ impl Scheduler {
             .into_iter()
             .partition(|s| s.client_gone());
         self.waiting = waiting;
-        for seq in Vec::from(gone) {
+        for seq in gone {
             self.counters.aborted += 1;
             self.release(seq);
         }

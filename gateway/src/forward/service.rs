@@ -125,13 +125,7 @@ impl Service<Request<Json>> for Forward {
                             None => return Err(GatewayError::UpstreamBusy { retry_after }),
                         }
                     }
-                    Ok(Ok(resp)) => {
-                        // A stream's health is judged at its end (`IdleBody`).
-                        if !(resp.status().is_success() && is_sse(resp.headers())) {
-                            lease.answered(resp.status());
-                        }
-                        break (lease, resp);
-                    }
+                    Ok(Ok(resp)) => break (lease, resp),
                     Ok(Err(e)) if !resent && closed_before_answering(&conn, started, &e) => {
                         tracing::debug!(upstream = %lease.target.base, error = %e, "a pooled connection was closed under the request; sending it on a new one");
                         resent = true;
@@ -154,6 +148,11 @@ impl Service<Request<Json>> for Forward {
                     }
                 }
             };
+            let sse = is_sse(resp.headers());
+            // A stream's health is judged at its end (`IdleBody`).
+            if !(resp.status().is_success() && sse) {
+                lease.answered(resp.status());
+            }
             let (mut rparts, incoming) = resp.into_parts();
             for name in HOP_BY_HOP {
                 rparts.headers.remove(name);
@@ -168,7 +167,6 @@ impl Service<Request<Json>> for Forward {
                     .headers
                     .insert(MAX_TOKENS_HEADER, HeaderValue::from(m.0));
             }
-            let sse = is_sse(&rparts.headers);
             let body = IdleBody::new(incoming, idle, sse)
                 .holding(lease)
                 .boxed_unsync();

@@ -248,7 +248,7 @@ impl<B: Send + 'static> Around<B> for Budget {
             charge.started = true;
             Ok(resp.map(|b| {
                 let settle = Settle {
-                    charge,
+                    reserved: charge,
                     prompt,
                     usage: UsageScanner::default(),
                 };
@@ -276,7 +276,7 @@ impl Drop for Reserved {
 /// Settles the charge to the usage the response carries, once it is over.
 #[derive(Debug)]
 struct Settle {
-    charge: Reserved,
+    reserved: Reserved,
     prompt: u64,
     usage: UsageScanner,
 }
@@ -290,7 +290,7 @@ impl Tap for Settle {
 impl Drop for Settle {
     fn drop(&mut self) {
         if let Some(c) = self.usage.completion_tokens() {
-            self.charge.charge.settle(self.prompt + c);
+            self.reserved.charge.settle(self.prompt + c);
         }
     }
 }

@@ -54,7 +54,7 @@ async fn usage_in_the_response_settles_the_charge() {
         r#"data: {"choices":[],"usage":{"prompt_tokens":100,"completion_tokens": 7,"total_tokens":107}}"#,
     );
     let settle = Settle {
-        charge: Reserved {
+        reserved: Reserved {
             charge: Held::Local(charge),
             started: true,
         },
