@@ -30,8 +30,7 @@ pub fn request(data: &[u8]) {
     };
     for endpoint in [Endpoint::ChatCompletions, Endpoint::Completions] {
         if let Ok(n) = counter.count(endpoint, &value) {
-            let param = endpoint.prompt_param();
-            let _ = cap::apply(&Limits::default(), param, n, &mut value.clone());
+            let _ = cap::apply(&Limits::default(), endpoint, n, &mut value.clone());
         }
         // As a vLLM or SGLang upstream's template renders it (a `tokenizer.json` counter).
         let _ = counter.count_as(Rendering::Template, endpoint, &value);

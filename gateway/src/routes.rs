@@ -50,9 +50,16 @@ impl Router {
             ("/ui", &Method::GET) => Ok(crate::ui::page()),
             ("/ui/", &Method::GET) => Ok(crate::ui::redirect()),
             ("/ui/stats", &Method::GET) => Ok(crate::ui::stats(&self.app)),
-            ("/v1/models" | "/healthz" | "/readyz" | "/metrics" | "/admin/policy", _) => {
-                Err(not_allowed(&req, "GET"))
-            }
+            // Without an admin key the endpoint is not there, whatever the method.
+            ("/admin/policy", _) if !self.has_admin() => Err(GatewayError::NotFound {
+                method: method.to_string(),
+                path: path.to_owned(),
+            }),
+            (
+                "/v1/models" | "/healthz" | "/readyz" | "/metrics" | "/admin/policy" | "/ui"
+                | "/ui/" | "/ui/stats",
+                _,
+            ) => Err(not_allowed(&req, "GET")),
             _ => Err(GatewayError::NotFound {
                 method: method.to_string(),
                 path: path.to_owned(),
@@ -73,6 +80,17 @@ impl Router {
                 "data": [{"id": self.app.model, "object": "model", "created": 0, "owned_by": "sluice"}],
             }),
         ))
+    }
+
+    /// Whether the policy in force names an admin key (without one, `/admin/policy` is 404).
+    fn has_admin(&self) -> bool {
+        self.app
+            .policy
+            .current()
+            .policy
+            .admin
+            .api_key_sha256
+            .is_some()
     }
 
     /// The policy in force; only with the admin key (404 when the policy names none, so the
@@ -168,46 +186,8 @@ fn shown(policy: &crate::policy::Policy) -> serde_json::Value {
     let mut v = serde_json::to_value(policy).unwrap_or(serde_json::Value::Null);
     if let Some(url) = v.pointer_mut("/shared/redis_url") {
         if let Some(s) = url.as_str() {
-            *url = serde_json::Value::String(without_password(s));
+            *url = serde_json::Value::String(crate::policy::redact::without_password(s));
         }
     }
     v
-}
-
-/// `url` with the password of its userinfo (`scheme://user:password@host`) replaced by `***`.
-fn without_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::without_password;
-
-    #[test]
-    fn the_redis_password_is_not_shown() {
-        for (url, shown) in [
-            (
-                "redis://:s3cret@10.0.0.5:6379/0",
-                "redis://:***@10.0.0.5:6379/0",
-            ),
-            ("redis://app:p@ss@host:6379", "redis://app:***@host:6379"),
-            ("rediss://user@host", "rediss://user@host"),
-            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
-            ("redis://host/0?x=a:b@c", "redis://host/0?x=a:b@c"),
-            ("not a url", "not a url"),
-        ] {
-            assert_eq!(without_password(url), shown, "{url}");
-        }
-    }
 }

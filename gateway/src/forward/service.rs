@@ -68,7 +68,7 @@ impl Service<Request<Json>> for Forward {
     fn call(&mut self, req: Request<Json>) -> Self::Future {
         let client = self.client.clone();
         let upstream = self.upstream.clone();
-        let policy = self.policy.current();
+        let policy = self.policy.of(req.extensions());
         let up = &policy.policy.upstream;
         let idle = up.idle_timeout;
         let api_key = up

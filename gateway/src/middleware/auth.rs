@@ -12,7 +12,7 @@ use subtle::ConstantTimeEq;
 
 use super::check::Check;
 use crate::error::GatewayError;
-use crate::policy::{Class, LoadedPolicy, PolicyStore, Tenant};
+use crate::policy::{Class, LoadedPolicy, PolicyStore, Snapshot, Tenant};
 use crate::telemetry::spans::hex_into;
 use crate::telemetry::RequestRecord;
 
@@ -109,6 +109,7 @@ impl<B> Check<B> for Auth {
             r.set_class(class);
         }
         req.extensions_mut().insert(Caller { tenant, class });
+        req.extensions_mut().insert(Snapshot(policy));
         Ok(())
     }
 }

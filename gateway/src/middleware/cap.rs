@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use http::Request;
 use serde_json::Value;
+use sluice_engine::server::prompt::Endpoint;
 
 use super::check::Check;
 use super::count::PromptTokens;
@@ -48,20 +49,57 @@ impl Check<Json> for Cap {
             .get::<PromptTokens>()
             .map(|p| p.0)
             .ok_or_else(|| GatewayError::Internal("the prompt was not counted".into()))?;
-        let policy = self.policy.current();
+        let policy = self.policy.of(req.extensions());
         let json = req.body_mut();
-        let param = json.endpoint.prompt_param();
-        let max = apply(&policy.policy.limits, param, prompt, &mut json.value)?;
+        let max = apply(
+            &policy.policy.limits,
+            json.endpoint,
+            prompt,
+            &mut json.value,
+        )?;
         req.extensions_mut().insert(MaxTokens(max));
         Ok(())
     }
 }
 
-/// Checks `prompt` (the token count of the body's field `prompt_param`) against `limits` and
-/// sets the body's completion budget; returns it.
+/// The fields that bound a completion on `endpoint`, the one that rules first: chat takes
+/// OpenAI's `max_completion_tokens` over the older `max_tokens`; completions has only
+/// `max_tokens`.
+fn budget_keys(endpoint: Endpoint) -> &'static [&'static str] {
+    match endpoint {
+        Endpoint::ChatCompletions => &["max_completion_tokens", "max_tokens"],
+        Endpoint::Completions => &["max_tokens"],
+    }
+}
+
+/// A budget field's value: `None` when absent or null, else a positive integer.
+fn asked(body: &Value, key: &str) -> Result<Option<u64>, GatewayError> {
+    let bad = |message: String| GatewayError::InvalidRequest {
+        param: Some(key.to_owned()),
+        code: None,
+        message,
+    };
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(0) => Err(bad(format!("{key}: must be at least 1"))),
+            Some(m) => Ok(Some(m)),
+            None => Err(bad(format!("{key}: expected a positive integer"))),
+        },
+    }
+}
+
+/// Checks `prompt` (the token count of `endpoint`'s prompt field) against `limits` and sets
+/// the body's completion budget; returns it.
+///
+/// Every budget field the body names is checked and given the effective value, the one that
+/// does not rule included: an upstream that reads the other field (vLLM's completions read only
+/// `max_tokens`) can never run past the cap, the window or the token budget charged for it.
+/// `max_completion_tokens` on completions is refused: OpenAI's completions have no such field,
+/// and an upstream would ignore it.
 pub fn apply(
     limits: &Limits,
-    prompt_param: &'static str,
+    endpoint: Endpoint,
     prompt: usize,
     body: &mut Value,
 ) -> Result<usize, GatewayError> {
@@ -69,62 +107,63 @@ pub fn apply(
         return Err(GatewayError::InputTooLong {
             tokens: prompt,
             limit: limits.input_tokens_max,
-            param: prompt_param,
+            param: endpoint.prompt_param(),
         });
     }
-    let window = limits.context_window;
-    let key = if body
-        .get("max_completion_tokens")
-        .is_some_and(|v| !v.is_null())
+    if endpoint == Endpoint::Completions
+        && body
+            .get("max_completion_tokens")
+            .is_some_and(|v| !v.is_null())
     {
-        "max_completion_tokens"
-    } else {
-        "max_tokens"
-    };
-    let asked = match body.get(key) {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_u64().ok_or_else(|| GatewayError::InvalidRequest {
-            param: Some(key.to_owned()),
-            code: None,
-            message: format!("{key}: expected a positive integer"),
-        })?),
-    };
-    let max = match asked {
-        Some(0) => {
-            return Err(GatewayError::InvalidRequest {
-                param: Some(key.to_owned()),
-                code: None,
-                message: format!("{key}: must be at least 1"),
-            })
+        return Err(GatewayError::InvalidRequest {
+            param: Some("max_completion_tokens".to_owned()),
+            code: Some("unsupported_parameter".into()),
+            message: "max_completion_tokens: not a completions field; use max_tokens".into(),
+        });
+    }
+    let keys = budget_keys(endpoint);
+    let mut ruling = None;
+    for &key in keys {
+        if let Some(m) = asked(body, key)? {
+            ruling.get_or_insert((key, m));
         }
-        Some(m) => usize::try_from(m)
-            .unwrap_or(usize::MAX)
-            .min(limits.max_tokens_max),
+    }
+    let window = limits.context_window;
+    let (key, max) = match ruling {
+        Some((key, m)) => (
+            key,
+            usize::try_from(m)
+                .unwrap_or(usize::MAX)
+                .min(limits.max_tokens_max),
+        ),
         // The default is shortened to fit; an explicit value that does not fit is refused.
-        None => limits
-            .max_tokens_default
-            .min(window.saturating_sub(prompt))
-            .max(1),
+        None => (
+            keys[keys.len() - 1],
+            limits
+                .max_tokens_default
+                .min(window.saturating_sub(prompt))
+                .max(1),
+        ),
     };
     if prompt + max > window {
         return Err(GatewayError::ContextWindow {
             prompt,
             max_tokens: max,
             window,
-            param: if key == "max_tokens" {
-                "max_tokens"
-            } else {
-                "max_completion_tokens"
-            },
+            param: key,
         });
     }
-    // Written only when it changes (most requests name a value within the limits).
+    // Written only where it changes (most requests name a value within the limits).
     if let Value::Object(o) = body {
-        match o.get_mut(key) {
-            Some(v) if v.as_u64() == Some(max as u64) => {}
-            Some(v) => *v = Value::from(max),
-            None => {
-                o.insert(key.to_owned(), Value::from(max));
+        for &k in keys {
+            match o.get_mut(k) {
+                Some(v) if v.as_u64() == Some(max as u64) => {}
+                Some(v) if k == key || !v.is_null() => *v = Value::from(max),
+                Some(_) => {}
+                None if k == key => {
+                    o.insert(k.to_owned(), Value::from(max));
+                }
+                None => {}
             }
         }
     }

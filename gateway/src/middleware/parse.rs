@@ -89,7 +89,12 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let limit = self.policy.current().policy.server.body_limit_bytes;
+        let limit = self
+            .policy
+            .of(req.extensions())
+            .policy
+            .server
+            .body_limit_bytes;
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {

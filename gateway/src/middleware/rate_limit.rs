@@ -26,6 +26,7 @@ use super::around::{Answer, Around, Inner};
 use super::auth::Caller;
 use super::check::Check;
 use crate::error::GatewayError;
+use crate::policy::validate::EXPECTED_REPLICAS_MAX;
 use crate::policy::Tenant;
 use crate::shared::{Ask, Rate, Refused, Shared};
 
@@ -98,8 +99,10 @@ impl RateLimit {
         let Some(rate) = tenant.requests_per_second else {
             return Ok(());
         };
-        let n = share.max(1);
-        self.take(tenant, rate / n as f64, tenant.burst.div_ceil(n as u32))
+        // Validation bounds `share` (shared.expected_replicas); the clamp keeps one no policy
+        // allows from truncating to a zero divisor or a period the limiter cannot hold.
+        let n = share.clamp(1, EXPECTED_REPLICAS_MAX) as u32;
+        self.take(tenant, rate / f64::from(n), tenant.burst.div_ceil(n))
     }
 }
 

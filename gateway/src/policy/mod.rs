@@ -13,6 +13,7 @@
 mod duration;
 pub mod guard;
 pub mod load;
+pub mod redact;
 pub mod reload;
 pub mod schema;
 pub mod store;
@@ -28,4 +29,4 @@ pub use schema::{
     Admin, Admission, Alerts, Class, Cost, Limits, Policy, Server, Shared, SharedFail, Tenant,
     Traces, Upstream, UpstreamKind,
 };
-pub use store::PolicyStore;
+pub use store::{PolicyStore, Snapshot};

@@ -413,3 +413,27 @@ fn from_file_prefixes_the_path() {
     let missing = super::check_file(&dir.join("none.toml")).expect_err("missing");
     assert!(missing.message.contains("none.toml"), "{missing}");
 }
+
+/// A refused policy's message goes to the log, `sluice policy check` and the reload alert (to
+/// Alertmanager and webhooks): it never quotes a password or a webhook's secret path.
+#[test]
+fn refusals_never_quote_a_secret() {
+    for text in [
+        "[shared]\nredis_url = \"rediss://:s3cret@10.0.0.5:6379\"",
+        "[shared]\nredis_url = \"redis://:s3cret@host:notaport\"",
+        "[upstream]\nkind = \"openai\"\nurls = [\"http://u:s3cret@h:1/v1\"]",
+        "[upstream]\nkind = \"openai\"\nurls = [\"http://u:s3cret@h:1\", \"http://u:s3cret@h:1\"]",
+        "[alerts]\nwebhooks = [\"ftp://hooks.slack.com/services/T0/B0/s3cret\"]",
+        "[alerts]\nalertmanager_urls = [\"http://u:s3cret@am:9093/api/v2/alerts\"]",
+    ] {
+        let e = err(text);
+        assert!(!e.contains("s3cret"), "{text}\n{e}");
+    }
+}
+
+refused!(
+    expected_replicas_has_a_bound,
+    "[shared]\nredis_url = \"redis://127.0.0.1:6379\"\nexpected_replicas = 4294967296",
+    "shared.expected_replicas",
+    "1024"
+);

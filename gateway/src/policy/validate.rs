@@ -11,6 +11,7 @@ use std::time::Duration;
 use http::Uri;
 
 use super::load::PolicyError;
+use super::redact::{host_only, without_password};
 use super::schema::SamplingDefaults;
 use super::schema::Shared;
 use super::schema::{
@@ -24,6 +25,10 @@ pub const DURATION_MAX: Duration = Duration::from_secs(3600);
 pub const BODY_LIMIT_MIN: usize = 1024;
 /// The largest `admission.cost.*` coefficient, ms: an hour.
 pub const COST_MS_MAX: f64 = 3_600_000.0;
+/// The most gateways `shared.expected_replicas` may name: one tenant's rate divided among them
+/// stays a GCRA period a `Duration` holds (`RPS_MIN / EXPECTED_REPLICAS_MAX` is one request in
+/// ~12 days).
+pub const EXPECTED_REPLICAS_MAX: usize = 1024;
 /// The largest `admission.fair_output_weight`.
 pub const COST_WEIGHT_MAX: f64 = 1000.0;
 /// Pipeline ranks the bundled engine can run.
@@ -312,7 +317,10 @@ fn upstream(u: &Upstream, out: &mut Problems) {
                 if let Err(why) = base_url(url) {
                     out.add(key, why);
                 } else if let Some(first) = seen.insert(url.as_str(), i) {
-                    out.add(key, format!("{url:?} repeats upstream.urls[{first}]"));
+                    out.add(
+                        key,
+                        format!("{:?} repeats upstream.urls[{first}]", without_password(url)),
+                    );
                 }
             }
             replicas(u, out);
@@ -602,43 +610,47 @@ fn sha256_hex(s: &str) -> Result<(), String> {
     }
 }
 
-/// An `http(s)://host[:port]...` URI.
-fn http_uri(s: &str) -> Result<Uri, String> {
-    let uri: Uri = s.parse().map_err(|e| format!("{s:?} is not a URL: {e}"))?;
+/// An `http(s)://host[:port]...` URI; errors quote it as `shown` (never with a secret).
+fn http_uri(s: &str, shown: &str) -> Result<Uri, String> {
+    let uri: Uri = s
+        .parse()
+        .map_err(|e| format!("{shown:?} is not a URL: {e}"))?;
     match uri.scheme_str() {
         Some("http" | "https") => {}
-        _ => return Err(format!("{s:?} must start with http:// or https://")),
+        _ => return Err(format!("{shown:?} must start with http:// or https://")),
     }
     if uri.host().is_none_or(str::is_empty) {
-        return Err(format!("{s:?} has no host"));
+        return Err(format!("{shown:?} has no host"));
     }
     Ok(uri)
 }
 
 /// An upstream base URL: `http(s)://host:port`, no path (the request's path is appended).
 fn base_url(s: &str) -> Result<(), String> {
-    let uri = http_uri(s)?;
+    let shown = without_password(s);
+    let uri = http_uri(s, &shown)?;
     let path_ok = matches!(uri.path(), "" | "/") && uri.query().is_none();
     if !path_ok {
         return Err(format!(
-            "{s:?} has a path or query; write only http(s)://host:port (the request's /v1/... is appended)"
+            "{shown:?} has a path or query; write only http(s)://host:port (the request's /v1/... is appended)"
         ));
     }
     Ok(())
 }
 
-/// A webhook: any `http(s)://host...` URL.
+/// A webhook: any `http(s)://host...` URL (quoted by its host only: the path is the secret).
 fn webhook_url(s: &str) -> Result<(), String> {
-    http_uri(s).map(|_| ())
+    http_uri(s, &host_only(s)).map(|_| ())
 }
 
 /// An Alertmanager base URL: `http(s)://host[:port][/prefix]`, no query (`/api/v2/alerts` is
 /// appended).
 fn alertmanager_url(s: &str) -> Result<(), String> {
-    let uri = http_uri(s)?;
+    let shown = without_password(s);
+    let uri = http_uri(s, &shown)?;
     if uri.query().is_some() || uri.path().contains("/api/") {
         return Err(format!(
-            "{s:?} must be Alertmanager's base URL, e.g. http://127.0.0.1:9093 \
+            "{shown:?} must be Alertmanager's base URL, e.g. http://127.0.0.1:9093 \
              (/api/v2/alerts is appended)"
         ));
     }
@@ -651,8 +663,9 @@ fn shared(sh: &Shared, out: &mut Problems) {
             out.add(
                 "shared.redis_url",
                 format!(
-                    "{url:?} is not a redis:// or unix:// URL (rediss:// is not built in: put \
-                     Redis on a private network, or behind a local TLS tunnel)"
+                    "{:?} is not a redis:// or unix:// URL (rediss:// is not built in: put \
+                     Redis on a private network, or behind a local TLS tunnel)",
+                    without_password(url)
                 ),
             );
         } else if let Err(e) = redis::IntoConnectionInfo::into_connection_info(url.as_str()) {
@@ -688,4 +701,14 @@ fn shared(sh: &Shared, out: &mut Problems) {
         sh.expected_replicas,
         "gateways in the deployment",
     );
+    if sh.expected_replicas > EXPECTED_REPLICAS_MAX {
+        out.add(
+            "shared.expected_replicas",
+            format!(
+                "{} is more than {EXPECTED_REPLICAS_MAX} gateways (each one's share of a rate, \
+                 burst or ceiling would round to nothing)",
+                sh.expected_replicas
+            ),
+        );
+    }
 }

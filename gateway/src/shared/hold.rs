@@ -61,7 +61,12 @@ impl<B: Send + 'static> Around<B> for SharedCeiling {
         if let Some(lease) = arrival.as_ref().and_then(Arrival::take_lease) {
             return Box::pin(async move { held(inner.call(req).await?, lease, Duration::ZERO) });
         }
-        let wait_max = self.policy.current().policy.admission.queue_wait_max;
+        let wait_max = self
+            .policy
+            .of(req.extensions())
+            .policy
+            .admission
+            .queue_wait_max;
         let max = self.admission.snapshot().active_max;
         Box::pin(async move {
             let started = tokio::time::Instant::now();

@@ -135,3 +135,64 @@ async fn active_max_follows_edits_under_load_and_a_broken_edit_changes_nothing()
     gw.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A request keeps the policy it arrived under: one that waits in the queue while a reload
+/// swaps in another policy is forwarded with the first policy's model mapping and token cap,
+/// and the next arrival gets the new policy's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_keeps_the_policy_it_arrived_under() {
+    let mut a = LoadedPolicy::defaults();
+    a.policy.admission.active_max = 1;
+    a.policy.limits.max_tokens_max = 8;
+    a.policy
+        .upstream
+        .models
+        .insert("alias".into(), "model-a".into());
+    let mut b = a.clone();
+    b.policy.limits.max_tokens_max = 16;
+    b.policy
+        .upstream
+        .models
+        .insert("alias".into(), "model-b".into());
+    b.sha256 = "b".repeat(64);
+
+    let mut up = ScriptedUpstream::start().await;
+    let gw = Gateway::start(a.policy.clone(), up.upstream()).await;
+    gw.app.policy.replace(a);
+    let body = json!({"model": "alias", "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 100});
+    // The first request holds the only slot until the test answers it.
+    let first = {
+        let (c, body) = (gw.client(), body.clone());
+        tokio::spawn(async move { c.post("/v1/chat/completions", &body).await })
+    };
+    let held = up.arrivals.recv().await.expect("first arrival");
+    let queued = {
+        let (c, body) = (gw.client(), body.clone());
+        tokio::spawn(async move { c.post("/v1/chat/completions", &body).await })
+    };
+    let adm = gw.app.admission.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || adm.snapshot().queued_interactive
+            == 1)
+        .await,
+        "the second request did not queue"
+    );
+    gw.app.policy.replace(b);
+    drop(held);
+    let second = up.arrivals.recv().await.expect("second arrival");
+    assert_eq!(second.body["model"], "model-a", "{}", second.body);
+    assert_eq!(second.body["max_tokens"], 8, "{}", second.body);
+    drop(second);
+    let third = {
+        let (c, body) = (gw.client(), body.clone());
+        tokio::spawn(async move { c.post("/v1/chat/completions", &body).await })
+    };
+    let arrived = up.arrivals.recv().await.expect("third arrival");
+    assert_eq!(arrived.body["model"], "model-b", "{}", arrived.body);
+    assert_eq!(arrived.body["max_tokens"], 16, "{}", arrived.body);
+    drop(arrived);
+    for r in [first, queued, third] {
+        assert_eq!(r.await.expect("client").0, StatusCode::OK);
+    }
+}

@@ -274,6 +274,16 @@ async fn keys_are_checked_and_errors_are_openai_shaped() {
         (status, body["error"]["code"].clone()),
         (StatusCode::NOT_FOUND, json!("not_found"))
     );
+    // Without an admin key the admin endpoint is not there, whatever the method.
+    for method in ["GET", "POST"] {
+        let (status, _, body) = good.json(method, "/admin/policy", None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {body}");
+    }
+    for path in ["/ui", "/ui/stats"] {
+        let (status, headers, _) = good.json("POST", path, None).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{path}");
+        assert_eq!(headers["allow"], "GET");
+    }
     gw.assert_accounted().await;
     gw.shutdown().await;
 }

@@ -86,6 +86,18 @@ fn a_new_quota_replaces_the_old_bucket() {
     }
 }
 
+#[test]
+fn a_share_past_u32_neither_panics_nor_wraps_to_the_whole_burst() {
+    let c = caller(Some(0.001), 3);
+    let tenant = c.tenant.expect("tenant");
+    for share in [1usize << 32, (1usize << 32) + 1, usize::MAX] {
+        let limit = RateLimit::default();
+        // The share of a burst of 3 rounds up to 1: one passes, the next waits.
+        assert_eq!(limit.take_share(&tenant, share), Ok(()), "{share}");
+        assert!(limit.take_share(&tenant, share).is_err(), "{share}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn shared_it_answers_only_a_standing_refusal_of_redis() {
     let shared = crate::shared::testing::unreachable(crate::policy::SharedFail::Closed);

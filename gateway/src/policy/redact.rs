@@ -1,0 +1,74 @@
+//! URLs as the gateway shows them back (in `/admin/policy`, validation errors, logs and the
+//! reload alert): never with a secret a policy file may hold in one.
+
+/// `url` with the password of its userinfo (`scheme://user:password@host`) replaced by `***`
+/// (a Redis URL holds one for `requirepass`).
+pub fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+/// `url`'s scheme and host only: no userinfo, and `/…` for whatever path or query follows (a
+/// webhook URL's path is its secret, as Slack's `/services/T…/B…/X…`).
+pub fn host_only(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let more = if end < rest.len() { "/…" } else { "" };
+    match scheme {
+        Some(s) => format!("{s}://{host}{more}"),
+        None => format!("{host}{more}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_redis_password_is_not_shown() {
+        for (url, shown) in [
+            (
+                "redis://:s3cret@10.0.0.5:6379/0",
+                "redis://:***@10.0.0.5:6379/0",
+            ),
+            ("redis://app:p@ss@host:6379", "redis://app:***@host:6379"),
+            ("rediss://user@host", "rediss://user@host"),
+            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
+            ("redis://host/0?x=a:b@c", "redis://host/0?x=a:b@c"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(without_password(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn a_webhook_shows_its_host_only() {
+        for (url, shown) in [
+            (
+                "https://hooks.slack.com/services/T0/B0/s3cret",
+                "https://hooks.slack.com/…",
+            ),
+            ("ftp://u:s3cret@host:21/x?y", "ftp://host:21/…"),
+            ("http://host:8080", "http://host:8080"),
+            ("hooks.slack.com/services/s3cret", "hooks.slack.com/…"),
+            ("https://host?token=s3cret", "https://host/…"),
+        ] {
+            assert_eq!(host_only(url), shown, "{url}");
+        }
+    }
+}
