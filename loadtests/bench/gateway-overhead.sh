@@ -172,7 +172,7 @@ for t in ["direct", "nginx", "sluice", "sluice-tls"]:
           f"| {med(r,'p999'):.3f} | {a50} | {a99} | {med(m,'achieved'):,.0f} | {med(m,'p50'):.3f} |")
 
 print(f"\nshed runs at {shed_rate} req/s offered (latency of the 503 answers, ms)\n")
-print("| run | achieved req/s | 503s | 200s | 503 p50 | 503 p99 | 503 max | other statuses |")
+print("| run | served req/s (2xx) | 503s | 200s | 503 p50 | 503 p99 | 503 max | other statuses |")
 print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 for s in ["shed-full", "shed-10x"]:
     last = runs.get(s, {}).get(str(n), {})

@@ -8,7 +8,8 @@
 //! generator down (coordinated omission). The time from the actual send is reported too.
 //!
 //! `--mode max` is closed loop: `--concurrency` connections send back to back; it reports the
-//! sustained request rate.
+//! sustained request rate. In both modes `achieved` counts successful (2xx) answers only; the
+//! failures (503s, timeouts, send errors) are reported beside it (`failed`, `statuses`).
 //!
 //! Every latency is kept (µs) and sorted: the percentiles are exact. Requests scheduled during
 //! `--warmup` are sent but not counted. Output: a summary on stderr and one `key=value` line on
@@ -411,6 +412,34 @@ async fn run_max(a: &Args, target: Arc<Target>, record: Arc<Mutex<Record>>) -> (
     (measure_from, end)
 }
 
+/// What a window served.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Throughput {
+    /// Successful (2xx) answers per second.
+    achieved: f64,
+    ok: usize,
+    /// Other statuses (a 503) and errors (`err_timeout`, `err_send`).
+    failed: usize,
+}
+
+/// Throughput over `window` from the counts by status: only 2xx answers are served. A shed 503
+/// comes back fast, and counting it would report a gateway that refuses everything as one that
+/// serves at the offered rate.
+fn throughput(statuses: &BTreeMap<String, usize>, window: Duration) -> Throughput {
+    let is_ok = |key: &str| key.parse::<u16>().is_ok_and(|s| (200..300).contains(&s));
+    let ok: usize = statuses
+        .iter()
+        .filter(|(k, _)| is_ok(k))
+        .map(|(_, n)| n)
+        .sum();
+    let count: usize = statuses.values().sum();
+    Throughput {
+        achieved: ok as f64 / window.as_secs_f64(),
+        ok,
+        failed: count - ok,
+    }
+}
+
 fn pct(sorted: &[u32], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -446,15 +475,18 @@ fn main() {
         .map_or(to, |d| d.max(to))
         .saturating_duration_since(from);
     let window = if a.mode == "max" { to - from } else { window };
-    let achieved = count as f64 / window.as_secs_f64();
+    let Throughput {
+        achieved,
+        ok,
+        failed,
+    } = throughput(&r.statuses, window);
     r.latency_us.sort_unstable();
     r.service_us.sort_unstable();
-    let ok = r.statuses.get("200").copied().unwrap_or(0);
     let statuses: Vec<String> = r.statuses.iter().map(|(k, v)| format!("{k}:{v}")).collect();
     let mut by_status = std::mem::take(&mut r.by_status_us);
     let (l, s) = (&r.latency_us, &r.service_us);
     eprintln!(
-        "{} {} {}: {count} requests in {:.2}s = {achieved:.1} req/s; statuses {}",
+        "{} {} {}: {count} requests in {:.2}s, {ok} ok = {achieved:.1} req/s served, {failed} failed; statuses {}",
         a.label,
         a.mode,
         a.url,
@@ -478,7 +510,7 @@ fn main() {
         pct(s, 100.0)
     );
     println!(
-        "label={} mode={} offered={} achieved={achieved:.1} count={count} ok={ok} \
+        "label={} mode={} offered={} achieved={achieved:.1} count={count} ok={ok} failed={failed} \
          p50={:.3} p90={:.3} p99={:.3} p999={:.3} max={:.3} svc_p50={:.3} svc_p99={:.3} statuses={}",
         if a.label.is_empty() { "-" } else { &a.label },
         a.mode,
@@ -515,4 +547,35 @@ fn main() {
         ));
     }
     println!("{}", per_status.join(" "));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_successes_are_served_throughput() {
+        let statuses: BTreeMap<String, usize> = [
+            ("200", 600),
+            ("204", 100),
+            ("503", 250),
+            ("err_timeout", 40),
+            ("err_send", 10),
+        ]
+        .into_iter()
+        .map(|(k, n)| (k.to_owned(), n))
+        .collect();
+        let t = throughput(&statuses, Duration::from_secs(10));
+        assert_eq!(
+            t,
+            Throughput {
+                achieved: 70.0,
+                ok: 700,
+                failed: 300
+            }
+        );
+        // Every request shed: nothing served, however fast the 503s came back.
+        let shed: BTreeMap<String, usize> = [("503".to_owned(), 5000)].into_iter().collect();
+        assert_eq!(throughput(&shed, Duration::from_secs(5)).achieved, 0.0);
+    }
 }

@@ -88,7 +88,9 @@ pub fn calibrate(levels: &[Level], rates: &[RatePoint], target: f64) -> Option<C
     let ttft_p95 = chosen.stats.ttft.p95?;
     let service_rate = chosen.stats.goodput_per_s();
     // Whole tenths of a second, at least one tenth: the schema wants a positive duration.
-    let wait = ((target - ttft_p95).max(0.0) * 10.0).floor().max(1.0) / 10.0;
+    // Rounded to whole milliseconds first: 3.0 − 2.7 is 0.2999… in f64, and is 300 ms.
+    let budget_ms = ((target - ttft_p95).max(0.0) * 1000.0).round() as u64;
+    let wait = (budget_ms / 100).max(1) as f64 / 10.0;
     let max_rate = rates
         .iter()
         .filter(|r| meets(&r.stats, target, r.stats.arrival_to_first.p95))
@@ -128,54 +130,79 @@ pub struct CostFit {
     pub steps: Vec<(usize, f64)>,
 }
 
-/// Least squares of `y` on the features, dropping the last term while a coefficient comes out
-/// negative (every term is a cost); `None` without enough points.
-fn least_squares(rows: &[(Vec<f64>, f64)]) -> Option<Vec<f64>> {
-    let n = rows.first()?.0.len();
-    for terms in (1..=n).rev() {
-        if rows.len() < terms {
-            continue;
-        }
-        // Normal equations, solved by Gaussian elimination with partial pivoting.
-        let mut a = vec![vec![0.0; terms + 1]; terms];
-        for (x, y) in rows {
-            for i in 0..terms {
-                for j in 0..terms {
-                    a[i][j] += x[i] * x[j];
-                }
-                a[i][terms] += x[i] * y;
+/// Least squares of `y` on the features in `terms` (indices), others 0; `None` when the
+/// points cannot tell those terms apart (fewer points than terms, or collinear features).
+fn least_squares_on(rows: &[(Vec<f64>, f64)], terms: &[usize], n: usize) -> Option<Vec<f64>> {
+    let m = terms.len();
+    if rows.len() < m {
+        return None;
+    }
+    // Normal equations, solved by Gaussian elimination with partial pivoting.
+    let mut a = vec![vec![0.0; m + 1]; m];
+    for (x, y) in rows {
+        for (i, &ti) in terms.iter().enumerate() {
+            for (j, &tj) in terms.iter().enumerate() {
+                a[i][j] += x[ti] * x[tj];
             }
-        }
-        let mut ok = true;
-        for col in 0..terms {
-            let pivot =
-                (col..terms).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
-            a.swap(col, pivot);
-            if a[col][col].abs() < 1e-12 {
-                ok = false;
-                break;
-            }
-            let pivot_row = a[col].clone();
-            for (r, row) in a.iter_mut().enumerate() {
-                if r != col {
-                    let f = row[col] / pivot_row[col];
-                    for (v, p) in row.iter_mut().zip(&pivot_row).skip(col) {
-                        *v -= f * p;
-                    }
-                }
-            }
-        }
-        if !ok {
-            continue;
-        }
-        let theta: Vec<f64> = (0..terms).map(|i| a[i][terms] / a[i][i]).collect();
-        if theta.iter().all(|t| *t >= 0.0) {
-            let mut full = theta;
-            full.resize(n, 0.0);
-            return Some(full);
+            a[i][m] += x[ti] * y;
         }
     }
-    None
+    for col in 0..m {
+        let pivot = (col..m).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        a.swap(col, pivot);
+        if a[col][col].abs() < 1e-12 {
+            return None;
+        }
+        let pivot_row = a[col].clone();
+        for (r, row) in a.iter_mut().enumerate() {
+            if r != col {
+                let f = row[col] / pivot_row[col];
+                for (v, p) in row.iter_mut().zip(&pivot_row).skip(col) {
+                    *v -= f * p;
+                }
+            }
+        }
+    }
+    let mut theta = vec![0.0; n];
+    for (i, &t) in terms.iter().enumerate() {
+        theta[t] = a[i][m] / a[i][i];
+    }
+    Some(theta)
+}
+
+/// Non-negative least squares of `y` on the features (every term is a cost; a negative base
+/// must not cost the per-token term): of the least-squares fits on each subset of the terms,
+/// the one with the least residual among those whose coefficients are all ≥ 0. Exact for these
+/// 2–3 term models, since the optimum is the plain fit on its own positive terms. Exact ties
+/// (two probes fit by any two terms) go to the larger subset, then the leading terms: the base
+/// and the per-token cost. `None` without a point.
+fn least_squares(rows: &[(Vec<f64>, f64)]) -> Option<Vec<f64>> {
+    let n = rows.first()?.0.len();
+    let residual = |theta: &[f64]| -> f64 {
+        rows.iter()
+            .map(|(x, y)| y - x.iter().zip(theta).map(|(a, b)| a * b).sum::<f64>())
+            .map(|e| e * e)
+            .sum()
+    };
+    // Closer than this is float noise between fits that both go through every point.
+    let tie = 1e-12 * rows.iter().map(|(_, y)| y * y).sum::<f64>();
+    let mut subsets: Vec<u32> = (0..1u32 << n).collect();
+    subsets.sort_by_key(|s| (std::cmp::Reverse(s.count_ones()), *s));
+    let mut best: Option<(f64, Vec<f64>)> = None;
+    for s in subsets {
+        let terms: Vec<usize> = (0..n).filter(|i| s >> i & 1 == 1).collect();
+        let Some(theta) = least_squares_on(rows, &terms, n) else {
+            continue;
+        };
+        if theta.iter().any(|t| *t < 0.0) {
+            continue;
+        }
+        let r = residual(&theta);
+        if best.as_ref().is_none_or(|(b, _)| r < b - tie) {
+            best = Some((r, theta));
+        }
+    }
+    best.map(|(_, theta)| theta)
 }
 
 /// The cost model from prefill probes (prompt tokens, TTFT p50 alone, s) and decode levels
@@ -492,6 +519,39 @@ mod tests {
         assert!(cost.contains("\nprefill_ms_per_1k = 500\n"), "{out}");
         let admission = &out[..out.find("[upstream]").unwrap()];
         assert!(admission.contains("prefill_tokens_max = 2816"), "{out}");
+    }
+
+    #[test]
+    fn a_negative_intercept_keeps_the_per_token_and_per_sequence_terms() {
+        // TTFT alone: −0.01 s + 0.2 s per 1K + 0.05 s per 1K²: the exact fit's base is
+        // negative, yet the per-token cost is real. Steps: −10 ms + 20 ms per request.
+        let probes: Vec<(usize, f64)> = [256, 1024, 4096]
+            .iter()
+            .map(|&p| {
+                let k = p as f64 / 1000.0;
+                (p, -0.01 + 0.2 * k + 0.05 * k * k)
+            })
+            .collect();
+        let steps = [(1, 0.01), (2, 0.03), (4, 0.07)];
+        let c = fit_cost(&probes, &steps, 2.0).unwrap();
+        assert!(c.prefill_base_ms >= 0.0, "{c:?}");
+        assert!(c.prefill_ms_per_1k > 0.0, "{c:?}");
+        assert!(c.prefill_ms_per_1k_squared >= 0.0, "{c:?}");
+        // 1 s of prefill: 0.2k + 0.05k² = 1 → k ≈ 2.9, not the 65,536 cap.
+        assert!((2304..=3328).contains(&c.prefill_tokens_max), "{c:?}");
+        assert!(c.decode_base_ms >= 0.0, "{c:?}");
+        // The best non-negative fit is through the origin: 350 / 21 ≈ 16.67 ms per request.
+        assert!((c.decode_ms_per_seq - 16.67).abs() < 0.01, "{c:?}");
+    }
+
+    #[test]
+    fn the_queue_wait_keeps_whole_tenths_through_float_error() {
+        // 3.0 − 2.7 is 0.2999… in f64: still 300 ms.
+        let c = calibrate(&[level(2, 16, 10, 2.7)], &[], 3.0).unwrap();
+        assert_eq!(c.queue_wait_max, Duration::from_millis(300));
+        // Below a tenth: the schema's minimum.
+        let c = calibrate(&[level(2, 16, 10, 2.97)], &[], 3.0).unwrap();
+        assert_eq!(c.queue_wait_max, Duration::from_millis(100));
     }
 
     #[test]

@@ -255,6 +255,7 @@ mod tests {
                 ),
             ],
             wall: Duration::from_secs(2),
+            duration: None,
         };
         let s = ScenarioStats::of(&run);
         assert_eq!((s.total, s.succeeded), (4, 2));

@@ -31,6 +31,10 @@ pub(crate) fn clip(s: &str) -> String {
     }
 }
 
+/// Tool calls one response may carry. The `index` comes from the server and sizes the list:
+/// unbounded, `u64::MAX` would overflow and `1e9` would allocate 48 GB.
+const TOOL_CALLS_MAX: usize = 128;
+
 /// A response's events so far: completions (`choices[].text`), chat deltas
 /// (`choices[].delta.content`, `delta.tool_calls`) or a whole chat message (`choices[].message`).
 #[derive(Debug)]
@@ -114,7 +118,12 @@ impl StreamState {
                 .or_else(|| choice.pointer("/message/tool_calls"))
                 .and_then(Value::as_array);
             for (i, call) in calls.into_iter().flatten().enumerate() {
-                self.tool_call_piece(call, i);
+                if let Err(index) = self.tool_call_piece(call, i) {
+                    self.failure = Some(Outcome::Protocol(format!(
+                        "tool call index {index} is not below {TOOL_CALLS_MAX}"
+                    )));
+                    return false;
+                }
                 content = true;
             }
             self.finished |= choice.get("finish_reason").is_some_and(|r| !r.is_null());
@@ -135,12 +144,18 @@ impl StreamState {
     }
 
     /// A streamed tool call arrives in pieces under one `index` (the name first, then the
-    /// arguments in fragments); a whole message lists them in order.
-    fn tool_call_piece(&mut self, call: &Value, position: usize) {
+    /// arguments in fragments); a whole message lists them in order. An index of
+    /// [`TOOL_CALLS_MAX`] or more is the server's error, not a slot to allocate: `Err` with
+    /// the index.
+    fn tool_call_piece(&mut self, call: &Value, position: usize) -> Result<(), u64> {
         let index = call
             .get("index")
             .and_then(Value::as_u64)
-            .map_or(position, |i| i as usize);
+            .unwrap_or(position as u64);
+        let index = usize::try_from(index)
+            .ok()
+            .filter(|&i| i < TOOL_CALLS_MAX)
+            .ok_or(index)?;
         if self.tool_calls.len() <= index {
             self.tool_calls.resize(index + 1, ToolCall::default());
         }
@@ -154,6 +169,7 @@ impl StreamState {
             Some(args @ Value::Object(_)) => slot.arguments.push_str(&args.to_string()),
             _ => {}
         }
+        Ok(())
     }
 
     /// Whether the stream said all it had to (`[DONE]` or a finish reason, no failure).
@@ -286,5 +302,21 @@ mod tests {
         let sample = s.into_sample(at(1), None);
         assert_eq!(sample.outcome, Outcome::Ok);
         assert_eq!(sample.tool_calls[0].arguments, r#"{"x":1}"#);
+    }
+
+    #[test]
+    fn an_absurd_tool_call_index_is_a_protocol_error_not_a_panic() {
+        let t0 = Instant::now();
+        for index in ["18446744073709551615", "1000000000"] {
+            let mut s = StreamState::new(t0);
+            let delta = format!(
+                r#"{{"choices":[{{"delta":{{"tool_calls":[{{"index":{index},"function":{{"name":"f"}}}}]}}}}]}}"#
+            );
+            assert!(!s.on_event(&delta, t0), "{index}");
+            let sample = s.into_sample(t0, None);
+            assert_eq!(sample.outcome.label(), "protocol_error", "{index}");
+            assert!(sample.outcome.message().contains(index), "{index}");
+            assert!(sample.tool_calls.is_empty(), "{index}");
+        }
     }
 }

@@ -38,8 +38,8 @@ pub fn sample_json(r: &Record) -> Value {
 }
 
 /// A scenario's aggregate (the fields later checks read: `success`, `requests`,
-/// `output_tok_s`, `ttft_p50`, `ttft_p95`, `e2e_p50`, `e2e_p95`, in seconds), with every sample
-/// when `samples`.
+/// `output_tok_s`, `ttft_p50`, `ttft_p95`, `e2e_p50`, `e2e_p95`, in seconds; `duration_s`, the
+/// scheduled duration or null), with every sample when `samples`.
 pub fn entry_json(e: &Entry, samples: bool) -> Value {
     let s = &e.stats;
     let (mode, rate) = match e.workload {
@@ -66,6 +66,9 @@ pub fn entry_json(e: &Entry, samples: bool) -> Value {
         "outcomes": s.outcomes,
         "failure_examples": s.failure_examples,
         "wall_s": s.wall.as_secs_f64(),
+        // The scheduled span (`--duration`), so that rates per second of arrivals need not
+        // guess it from the last arrival.
+        "duration_s": e.run.duration.map(|d| d.as_secs_f64()),
         "completion_tokens": s.completion_tokens,
         "usage_reported": s.usage_reported,
         "prompt_tokens_mean": s.prompt_tokens_mean,
@@ -93,4 +96,38 @@ pub fn entry_json(e: &Entry, samples: bool) -> Value {
         v["samples"] = e.run.records.iter().map(sample_json).collect();
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::stats::ScenarioStats;
+    use crate::workload::{Arrivals, Run};
+
+    #[test]
+    fn open_loops_record_their_scheduled_duration() {
+        let entry = |duration| Entry {
+            target: "gateway".into(),
+            id: "seedmix".into(),
+            title: "SeedMix".into(),
+            series: "seed-mix".into(),
+            workload: Workload::Open {
+                arrivals: Arrivals::Poisson(0.4),
+                concurrency: 64,
+            },
+            stats: ScenarioStats::default(),
+            run: Run {
+                records: Vec::new(),
+                wall: Duration::from_secs(102),
+                duration,
+            },
+        };
+        // 90 s scheduled: per second of arrivals is per 90 s, wherever the last one fell.
+        let v = entry_json(&entry(Some(Duration::from_secs(90))), false);
+        assert_eq!(v["duration_s"], 90.0);
+        // Bounded by a count only: no duration.
+        assert!(entry_json(&entry(None), false)["duration_s"].is_null());
+    }
 }

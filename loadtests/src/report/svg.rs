@@ -1,6 +1,6 @@
-//! The SVG chart: TTFT p95 and output tok/s against concurrency (closed loops) and against
-//! arrival rate (open loops), one line per target and shape. Written by hand: four line charts
-//! do not need a plotting library.
+//! The SVG chart: TTFT p95 and output tok/s against concurrency (closed loops), arrival →
+//! first token p95 and output tok/s against arrival rate (open loops), one line per target
+//! and shape. Written by hand: four line charts do not need a plotting library.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -30,15 +30,18 @@ fn nice_ceiling(v: f64) -> f64 {
         .unwrap_or(10.0 * k)
 }
 
+/// A tick label with four significant digits, trailing zeros dropped: enough for every
+/// quarter of a 1, 2 or 5 × 10^k axis (0.0125, 0.0375, 12.5), which a fixed two decimals
+/// rounds away on a small axis (0.0125 as "0.01").
 fn tick(v: f64) -> String {
     if v == v.round() {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.2}")
-            .trim_end_matches('0')
-            .trim_end_matches('.')
-            .to_owned()
+        return format!("{v:.0}");
     }
+    let decimals = (3 - v.abs().log10().floor() as i32).max(0) as usize;
+    format!("{v:.decimals$}")
+        .trim_end_matches('0')
+        .trim_end_matches('.')
+        .to_owned()
 }
 
 fn escape(s: &str) -> String {
@@ -153,16 +156,19 @@ fn collect(
     series
 }
 
-/// The four panels and a legend, as one SVG document.
-pub fn chart(entries: &[Entry]) -> String {
+/// The four panels: (title, x label, lines).
+fn panels(entries: &[Entry]) -> [(&'static str, &'static str, Series); 4] {
     let closed = |e: &Entry| match e.workload {
         Workload::Closed { concurrency } => Some(concurrency as f64),
         Workload::Open { .. } => None,
     };
     let rate = |e: &Entry| e.workload.rate();
     let ttft = |e: &Entry| e.stats.ttft.p95;
+    // An open loop's requests may wait in the client before they are sent: what its users saw
+    // runs from the arrival, or the client-side queue would hide behind a flat line.
+    let arrival_ttft = |e: &Entry| e.stats.arrival_to_first.p95;
     let tok = |e: &Entry| (e.stats.succeeded > 0).then(|| e.stats.output_tok_per_s());
-    let panels = [
+    [
         (
             "TTFT p95 (s) vs concurrency",
             "concurrency",
@@ -174,16 +180,21 @@ pub fn chart(entries: &[Entry]) -> String {
             collect(entries, closed, tok),
         ),
         (
-            "TTFT p95 (s) vs arrival rate",
+            "arrival → first token p95 (s) vs arrival rate",
             "arrivals (req/s)",
-            collect(entries, rate, ttft),
+            collect(entries, rate, arrival_ttft),
         ),
         (
             "output tok/s vs arrival rate",
             "arrivals (req/s)",
             collect(entries, rate, tok),
         ),
-    ];
+    ]
+}
+
+/// The four panels and a legend, as one SVG document.
+pub fn chart(entries: &[Entry]) -> String {
+    let panels = panels(entries);
     let mut colors = BTreeMap::new();
     for (_, _, series) in &panels {
         for name in series.keys() {
@@ -221,6 +232,10 @@ pub fn chart(entries: &[Entry]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    use crate::stats::{ScenarioStats, Summary};
+    use crate::workload::{Arrivals, Run};
 
     #[test]
     fn ceilings_and_ticks() {
@@ -234,5 +249,56 @@ mod tests {
             (tick(2.0), tick(0.25), tick(1.5)),
             ("2".into(), "0.25".into(), "1.5".into())
         );
+    }
+
+    #[test]
+    fn ticks_keep_the_digits_their_step_needs() {
+        // A 0.05 axis in quarters: 0.0125, 0.025, 0.0375.
+        assert_eq!(tick(0.0125), "0.0125");
+        assert_eq!(tick(0.05 * 3.0 / 4.0), "0.0375");
+        assert_eq!(tick(0.1 * 3.0 / 4.0), "0.075");
+        assert_eq!(tick(12.5), "12.5");
+        assert_eq!(tick(1250.0), "1250");
+        assert_eq!(tick(0.0), "0");
+    }
+
+    fn open_entry(rate: f64, ttft_p95: f64, arrival_to_first_p95: f64) -> Entry {
+        let p95 = |v| Summary {
+            count: 1,
+            p50: Some(v),
+            p95: Some(v),
+            mean: Some(v),
+        };
+        Entry {
+            target: "gateway".into(),
+            id: "open".into(),
+            title: "open".into(),
+            series: "256:128".into(),
+            workload: Workload::Open {
+                arrivals: Arrivals::Poisson(rate),
+                concurrency: 4,
+            },
+            stats: ScenarioStats {
+                total: 1,
+                succeeded: 1,
+                ttft: p95(ttft_p95),
+                arrival_to_first: p95(arrival_to_first_p95),
+                ..ScenarioStats::default()
+            },
+            run: Run {
+                records: Vec::new(),
+                wall: Duration::from_secs(1),
+                duration: None,
+            },
+        }
+    }
+
+    #[test]
+    fn open_loops_plot_the_wait_in_the_client_too() {
+        // Sent → first token 1 s, but 29 s of it queued in the client: a user saw 30 s.
+        let entries = [open_entry(0.5, 1.0, 30.0), open_entry(1.0, 1.0, 30.0)];
+        let (title, _, series) = &panels(&entries)[2];
+        assert!(title.contains("arrival → first token"), "{title}");
+        assert_eq!(series["gateway 256:128"], [(0.5, 30.0), (1.0, 30.0)]);
     }
 }

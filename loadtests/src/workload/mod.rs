@@ -110,6 +110,10 @@ impl Record {
 pub struct Run {
     pub records: Vec<Record>,
     pub wall: Duration,
+    /// The bound's duration, when it had one: the span an open loop's arrivals were scheduled
+    /// over. A rate per second of arrivals divides by this, not by the last arrival (which
+    /// falls short of it by chance) nor the wall time (which the drain stretches).
+    pub duration: Option<Duration>,
 }
 
 /// Runs `workload` against `target` until `bound`; `seed` draws Poisson arrivals.
@@ -162,7 +166,11 @@ pub async fn run(
         .max()
         .unwrap_or_default();
     progress.done();
-    Ok(Run { records, wall })
+    Ok(Run {
+        records,
+        wall,
+        duration: bound.duration,
+    })
 }
 
 /// A record of `sample`, sent at `sent` for a request due at `arrival` (both instants).
