@@ -156,7 +156,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
 
     let acceptor = if args.plain_http {
-        tracing::warn!("serving plain HTTP (--plain-http)");
+        if listen.ip().is_loopback() {
+            tracing::warn!("serving plain HTTP (--plain-http)");
+        } else {
+            // Behind a TLS-terminating proxy this is the deployment; anywhere else the API
+            // keys and prompts cross the network in cleartext.
+            tracing::warn!(
+                %listen,
+                "serving plain HTTP (--plain-http) off loopback: API keys and prompts travel \
+                 unencrypted unless a TLS-terminating proxy is the only way in"
+            );
+        }
         None
     } else {
         let (cert, key) = match (&policy.server.tls_cert, &policy.server.tls_key) {
