@@ -35,7 +35,8 @@ pub enum Input {
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub model_id: String,
-    /// Prompt plus max_tokens may not exceed this (`--context-window`).
+    /// Prompt plus max_tokens may not exceed this (`--context-window`);
+    /// [`EngineHandle::start`] caps it at the KV pool, which must hold a whole request.
     pub context_window: usize,
     /// What a request gets for the sampling fields it leaves out (GGUF metadata, else
     /// llama-server's; `serve --temperature` and friends override).
@@ -58,7 +59,6 @@ pub struct EngineHandle {
     template: ChatTemplate,
     /// `None` when llguidance could not take the tokenizer (structured outputs are refused).
     grammars: Option<Grammars>,
-    kv_tokens: usize,
     tx: Sender<Input>,
     next_id: AtomicU64,
     seeds: Mutex<Rng>,
@@ -76,7 +76,7 @@ impl std::fmt::Debug for EngineHandle {
 impl EngineHandle {
     /// Starts the engine thread over `driver` and returns the handle.
     pub fn start<D: Driver + 'static>(
-        cfg: EngineConfig,
+        mut cfg: EngineConfig,
         scheduler: Scheduler,
         driver: D,
         template: ChatTemplate,
@@ -97,10 +97,12 @@ impl EngineHandle {
         let grammars = Grammars::new(tokenizer.clone(), eos)
             .map_err(|e| tracing::warn!("structured outputs are off: {e}"))
             .ok();
+        // A request the pool cannot hold could never run: the window is at most the pool, so
+        // that the default max_tokens (and `/v1/models`' max_model_len) fit in it.
+        cfg.context_window = cfg.context_window.min(scheduler.kv_tokens());
         let handle = Arc::new(Self {
             grammars,
             tokenizer: scheduler.tokenizer().clone(),
-            kv_tokens: scheduler.kv_tokens(),
             cfg,
             template,
             tx,
@@ -162,21 +164,12 @@ impl Engine for EngineHandle {
         // Checked: a `max_tokens` near `usize::MAX` must be refused here, not wrap under the
         // window and then run until the pool is full.
         let need = req.prompt.len().checked_add(req.max_tokens);
-        let Some(need) = need.filter(|&n| n <= self.cfg.context_window) else {
+        if need.is_none_or(|n| n > self.cfg.context_window) {
             let (p, m, w) = (req.prompt.len(), req.max_tokens, self.cfg.context_window);
             let sum = need.map_or_else(String::new, |n| format!(" = {n}"));
             return invalid(
                 "context_length_exceeded",
                 format!("this request needs {p} prompt tokens + {m} max_tokens{sum}, over the context window of {w} tokens"),
-            );
-        };
-        if need > self.kv_tokens {
-            return invalid(
-                "context_length_exceeded",
-                format!(
-                    "this request needs {need} tokens of KV cache; the pool holds {}",
-                    self.kv_tokens
-                ),
             );
         }
         let (tx, rx) = unbounded_channel();

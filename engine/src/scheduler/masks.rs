@@ -14,28 +14,52 @@ use crate::generate::Constraint;
 use crate::transport::message::{Forward, TokenMask};
 
 /// One sequence's grammar state, shared with the mask worker.
-pub type SharedConstraint = Arc<Mutex<Constraint>>;
+pub type SharedConstraint = Arc<Mutex<Grammar>>;
 
-fn lock(c: &SharedConstraint) -> std::sync::MutexGuard<'_, Constraint> {
+/// A grammar and why its last mask could not be computed.
+#[derive(Debug)]
+pub struct Grammar {
+    constraint: Constraint,
+    /// Set when a mask failed: the token sampled without it must not be taken.
+    failed: Option<String>,
+}
+
+/// `c`, ready to share with the mask worker.
+pub fn share(c: Constraint) -> SharedConstraint {
+    Arc::new(Mutex::new(Grammar {
+        constraint: c,
+        failed: None,
+    }))
+}
+
+fn lock(c: &SharedConstraint) -> std::sync::MutexGuard<'_, Grammar> {
     c.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The tokens `c` allows next; `None` (any token) if the grammar fails, with a warning.
+/// The tokens `c` allows next. If the grammar fails, `None` (any token: the mask travels with
+/// the batch whatever happens) and the failure is kept, so that [`consume`] refuses the token
+/// sampled without it.
 pub fn mask_of(seq: u64, c: &SharedConstraint) -> Option<TokenMask> {
-    match lock(c).mask() {
+    let mut g = lock(c);
+    match g.constraint.mask() {
         Ok(m) => m,
         Err(e) => {
             tracing::warn!(seq, "no grammar mask: {e}");
+            g.failed.get_or_insert(e);
             None
         }
     }
 }
 
 /// Follows a sampled token in the sequence's grammar; `Ok(true)` once the grammar is complete.
+/// An error (the grammar refuses the token, or its mask failed) ends the sequence.
 pub fn consume(c: &SharedConstraint, id: u32) -> Result<bool, String> {
-    let mut c = lock(c);
-    c.consume(id)?;
-    Ok(c.is_stopped())
+    let mut g = lock(c);
+    if let Some(e) = &g.failed {
+        return Err(format!("no mask: {e}"));
+    }
+    g.constraint.consume(id)?;
+    Ok(g.constraint.is_stopped())
 }
 
 /// The masks one micro-batch waits for.

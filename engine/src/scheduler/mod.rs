@@ -332,6 +332,11 @@ impl Scheduler {
                     self.counters.aborted += 1;
                     self.release(seq);
                 }
+                Progress::Failed => {
+                    let seq = self.running.remove(i);
+                    self.counters.failed += 1;
+                    self.release(seq);
+                }
             }
         }
     }

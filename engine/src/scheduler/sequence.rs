@@ -5,7 +5,7 @@ use std::time::{Instant, SystemTime};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::api::{GenerationEvent, GenerationRequest, Timings};
+use crate::api::{EngineError, GenerationEvent, GenerationRequest, Timings};
 use crate::generate::{FinishReason, StopMatcher, TokenLogprob};
 use crate::kv::BlockTable;
 use crate::model::detok::StreamDecoder;
@@ -53,6 +53,8 @@ pub enum Progress {
     StopString,
     /// The client is gone.
     Aborted,
+    /// It failed (its grammar did); the client has been told.
+    Failed,
 }
 
 impl Sequence {
@@ -64,10 +66,7 @@ impl Sequence {
         tx: UnboundedSender<GenerationEvent>,
     ) -> Self {
         let stops = StopMatcher::new(req.stop.clone());
-        let constraint = req
-            .constraint
-            .take()
-            .map(|c| Arc::new(std::sync::Mutex::new(c)));
+        let constraint = req.constraint.take().map(masks::share);
         Self {
             id,
             tokens: req.prompt.clone(),
@@ -132,28 +131,36 @@ impl Sequence {
         if is_stop && !self.req.ignore_eos {
             return Progress::Finished(FinishReason::Stop);
         }
+        // The grammar first: a token it refuses (or one sampled without its mask) is never
+        // sent, and the request fails rather than end as if complete with output that breaks
+        // its schema.
+        let mut complete = false;
+        if let Some(c) = &self.constraint {
+            match masks::consume(c, id) {
+                Ok(done) => complete = done,
+                Err(e) => {
+                    tracing::warn!(seq = self.id, "the grammar failed: {e}");
+                    self.fail(EngineError::Internal(format!(
+                        "the output grammar failed: {e}"
+                    )));
+                    return Progress::Failed;
+                }
+            }
+        }
         let mut text = String::new();
         let mut hit = false;
         if let Some(piece) = self.decoder.push(id) {
-            (text, hit) = self.stops.push(&piece);
+            (text, hit) = self.stop_text(&piece);
         }
         let event = GenerationEvent::Token { id, text, logprob };
         if self.tx.send(event).is_err() {
             return Progress::Aborted;
         }
-        if let Some(c) = &self.constraint {
-            match masks::consume(c, id) {
-                Ok(false) => {}
-                // The grammar is complete: nothing but the end could follow.
-                Ok(true) => return Progress::Finished(FinishReason::Stop),
-                Err(e) => {
-                    tracing::warn!(seq = self.id, "the grammar refused a sampled token: {e}");
-                    return Progress::Finished(FinishReason::Stop);
-                }
-            }
-        }
         if hit {
             Progress::StopString
+        } else if complete {
+            // The grammar is complete: nothing but the end could follow.
+            Progress::Finished(FinishReason::Stop)
         } else if self.n_generated() >= self.req.max_tokens {
             Progress::Finished(FinishReason::Length)
         } else {
@@ -161,11 +168,43 @@ impl Sequence {
         }
     }
 
+    /// Feeds decoded text to the stop strings: the text safe to send, and whether a stop
+    /// string ended the output. As in vLLM, no stop string ends it before `min_tokens` tokens:
+    /// a match completed earlier is ignored, its text sent, and what follows it held back only
+    /// while it may begin another match.
+    fn stop_text(&mut self, piece: &str) -> (String, bool) {
+        if self.n_generated() >= self.req.min_tokens {
+            return self.stops.push(piece);
+        }
+        let before = self.stops.clone();
+        let (text, hit) = self.stops.push(piece);
+        if !hit {
+            return (text, false);
+        }
+        // Everything up to just inside the last match of any stop string is released; no stop
+        // string is whole in the rest, which the matcher takes as if nothing had matched.
+        self.stops = before;
+        let all = self.stops.finish() + piece;
+        let cut = self
+            .req
+            .stop
+            .iter()
+            .filter_map(|s| {
+                let first = s.chars().next()?.len_utf8();
+                all.rfind(s.as_str()).map(|at| at + first)
+            })
+            .max()
+            .unwrap_or(0);
+        let (rest, _) = self.stops.push(&all[cut..]);
+        (all[..cut].to_owned() + &rest, false)
+    }
+
     /// Sends the final event (with any text still held back, unless a stop string cut it).
     pub fn finish(&mut self, reason: FinishReason, stopped_by_string: bool) {
         let mut text = String::new();
         if !stopped_by_string {
-            let (rest, _) = self.stops.push(&self.decoder.flush());
+            let last = self.decoder.flush();
+            let (rest, _) = self.stop_text(&last);
             text = rest + &self.stops.finish();
         }
         let now = Instant::now();

@@ -402,3 +402,142 @@ fn a_waiting_request_whose_client_left_is_released_on_every_rank() {
     assert_eq!(sched.metrics().requests_aborted, 1);
     assert!(!sched.is_idle(), "the other one still waits");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_context_window_is_no_larger_than_the_kv_pool() {
+    // TINY's window is 256 tokens; a pool of 8 blocks holds 128.
+    let e = engine(2, 64, 8);
+    let pool = 8 * crate::kv::BLOCK_SIZE;
+    assert_eq!(e.context_window(), pool);
+    let err = e.submit(request(1, 8, pool - 7)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::Invalid {
+                code: "context_length_exceeded",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let (_, _, n) = collect(e.submit(request(1, 8, 3)).unwrap()).await;
+    assert!(n <= 3);
+}
+
+/// A sequence over the toy tokenizer, its events, and the tokenizer.
+fn sequence(
+    req: GenerationRequest,
+) -> (
+    super::Sequence,
+    tokio::sync::mpsc::UnboundedReceiver<GenerationEvent>,
+    Arc<crate::model::tokenizer::Tokenizer>,
+) {
+    let tok = Arc::new(toy_tokenizer());
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    (super::Sequence::new(1, req, 0, tok.clone(), tx), rx, tok)
+}
+
+fn events(rx: &mut tokio::sync::mpsc::UnboundedReceiver<GenerationEvent>) -> Vec<GenerationEvent> {
+    std::iter::from_fn(|| rx.try_recv().ok()).collect()
+}
+
+#[test]
+fn a_grammar_that_fails_fails_the_request_and_sends_no_refused_token() {
+    use super::Progress;
+    let tok = Arc::new(toy_tokenizer());
+    let eos = tok.token_id("<|im_end|>").unwrap();
+    let grammars = Grammars::new(tok.clone(), eos).unwrap();
+    let choice = GrammarSpec::Regex("yes".into());
+    let constrained = || GenerationRequest {
+        constraint: Some(grammars.compile(&choice).unwrap()),
+        ..request(1, 4, 16)
+    };
+    let refused = tok.encode("q", false).unwrap()[0];
+    // A sampled token the grammar refuses: the request fails, and the token is not sent.
+    let (mut seq, mut rx, _) = sequence(constrained());
+    assert_eq!(seq.push_token(refused, false, None), Progress::Failed);
+    let got = events(&mut rx);
+    assert!(
+        matches!(
+            got.as_slice(),
+            [GenerationEvent::Failed(EngineError::Internal(_))]
+        ),
+        "{got:?}"
+    );
+    // A mask that cannot be computed (the grammar is in error): the token sampled without it
+    // is not sent either.
+    let (mut seq, mut rx, _) = sequence(constrained());
+    assert!(super::masks::consume(seq.constraint().unwrap(), refused).is_err());
+    let _ = seq.allowed();
+    let yes = tok.encode("yes", false).unwrap()[0];
+    assert_eq!(seq.push_token(yes, false, None), Progress::Failed);
+    let got = events(&mut rx);
+    assert!(
+        matches!(got.as_slice(), [GenerationEvent::Failed(EngineError::Internal(m))] if m.contains("no mask")),
+        "{got:?}"
+    );
+}
+
+/// Pushes `text`'s tokens; the text sent, and the progress after each token.
+fn push_text(
+    seq: &mut super::Sequence,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<GenerationEvent>,
+    tok: &crate::model::tokenizer::Tokenizer,
+    text: &str,
+) -> (String, Vec<super::Progress>) {
+    let progress = tok
+        .encode(text, false)
+        .unwrap()
+        .into_iter()
+        .map(|id| seq.push_token(id, false, None))
+        .collect();
+    let sent = events(rx)
+        .into_iter()
+        .map(|e| match e {
+            GenerationEvent::Token { text, .. } => text,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    (sent, progress)
+}
+
+#[test]
+fn stop_strings_wait_for_min_tokens() {
+    use super::Progress;
+    let tok = Arc::new(toy_tokenizer());
+    let n = |s: &str| tok.encode(s, false).unwrap().len();
+    // "END" is complete within the first `n("aEND")` tokens: too early to stop.
+    let req = |min_tokens| GenerationRequest {
+        stop: vec!["END".into()],
+        min_tokens,
+        ..request(1, 4, 64)
+    };
+    let (mut seq, mut rx, tok) = sequence(req(n("aEND") + 1));
+    let (sent, progress) = push_text(&mut seq, &mut rx, &tok, "aEND");
+    assert!(progress.iter().all(|p| *p == Progress::Continue));
+    assert_eq!(sent, "aEND", "an ignored stop string is released");
+    // After min_tokens a stop string stops, even one that began before it.
+    let (sent, progress) = push_text(&mut seq, &mut rx, &tok, "bEN");
+    assert_eq!(
+        (sent.as_str(), progress.last()),
+        ("b", Some(&Progress::Continue))
+    );
+    let (sent, progress) = push_text(&mut seq, &mut rx, &tok, "D");
+    assert_eq!(
+        (sent.as_str(), progress.last()),
+        ("", Some(&Progress::StopString))
+    );
+    // Text after an ignored stop that may begin another stays held back until it is known.
+    let (mut seq, mut rx, tok) = sequence(req(64));
+    let (sent, _) = push_text(&mut seq, &mut rx, &tok, "xENDE");
+    assert_eq!(sent, "xEND");
+    let (sent, _) = push_text(&mut seq, &mut rx, &tok, "Ny");
+    assert_eq!(sent, "ENy");
+    // At min_tokens itself a stop string stops (vLLM checks from the min_tokens-th token on).
+    let (mut seq, mut rx, tok) = sequence(req(n("aEND")));
+    let (sent, progress) = push_text(&mut seq, &mut rx, &tok, "aEND");
+    assert_eq!(
+        (sent.as_str(), progress.last()),
+        ("a", Some(&Progress::StopString))
+    );
+}

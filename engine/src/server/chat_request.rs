@@ -149,6 +149,7 @@ fn content(o: &Obj) -> Result<Option<String>, ApiError> {
             }
             None => return Err(ApiError::expected(&p.path("type"), "\"text\"")),
         }
+        fields::check_object(&p, fields::CONTENT_PART)?;
         let text = p.str("text")?;
         texts.push(p.required("text", text)?);
     }
@@ -167,8 +168,12 @@ fn tool(v: &Value, i: usize) -> Result<ToolDef, ApiError> {
             ));
         }
     }
+    fields::check_object(&o, fields::TOOL)?;
     let f = o.object("function", "an object")?;
     let f = o.required("function", f)?;
+    fields::check_object(&f, fields::FUNCTION)?;
+    // Satisfied either way: calls are grammar-constrained to the `parameters` schema.
+    f.bool("strict")?;
     let name = f.str("name")?;
     let name = f.required("name", name.filter(|n| !n.is_empty()))?;
     // Built by hand to keep the conventional key order (serde_json's maps are sorted).
@@ -209,8 +214,18 @@ fn tool_choice(o: &Obj, tools: &[ToolDef]) -> Result<ToolChoice, ApiError> {
         },
         Some(v) => {
             let c = Obj::at(v, "tool_choice".into(), "a string or a function object")?;
+            fields::check_object(&c, fields::TOOL_CHOICE)?;
+            if let Some(kind) = c.str("type")?.filter(|&k| k != "function") {
+                let path = c.path("type");
+                return Err(ApiError::invalid(
+                    &path,
+                    format!("{path}: expected \"function\", got {kind:?}"),
+                ));
+            }
             let f = c.object("function", "an object")?;
-            let name = c.required("function", f)?.str("name")?;
+            let f = c.required("function", f)?;
+            fields::check_object(&f, fields::TOOL_CHOICE_FUNCTION)?;
+            let name = f.str("name")?;
             let name = c.required("function.name", name)?;
             if !tools.iter().any(|t| t.name == name) {
                 return Err(ApiError::invalid(

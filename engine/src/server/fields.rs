@@ -3,7 +3,9 @@
 //! ignored. A field is implemented (read by [`super::parse`] and [`super::chat_request`]),
 //! accepted and ignored where ignoring it changes nothing the client gets back, or refused
 //! with 400 `unsupported_parameter` unless its value is the one that asks for nothing. A field
-//! not listed is refused the same way. docs/api.md lists the same table.
+//! not listed is refused the same way, at the top level and in the objects inside (messages,
+//! content parts, tools, `tool_choice`, `response_format`, `stream_options`). docs/api.md lists
+//! the same table.
 
 use serde_json::Value;
 
@@ -251,6 +253,50 @@ const STREAM_OPTIONS: &[(&str, Handling)] = &[
     ),
 ];
 
+/// The fields of a `response_format` of type `text` or `json_object`.
+pub(crate) const PLAIN_FORMAT: &[(&str, Handling)] = &[
+    ("type", Implemented),
+    (
+        "schema",
+        refused("a schema goes in `json_schema.schema`, with type \"json_schema\""),
+    ),
+];
+
+/// The fields of a `response_format` of type `json_schema`.
+pub(crate) const SCHEMA_FORMAT: &[(&str, Handling)] =
+    &[("type", Implemented), ("json_schema", Implemented)];
+
+/// The fields of `response_format.json_schema`.
+pub(crate) const JSON_SCHEMA: &[(&str, Handling)] = &[
+    ("name", Implemented),
+    ("description", Implemented),
+    ("schema", Implemented),
+    ("strict", Implemented),
+];
+
+/// The fields of one tool of `tools`.
+pub(crate) const TOOL: &[(&str, Handling)] = &[("type", Implemented), ("function", Implemented)];
+
+/// The fields of a tool's `function`. `strict` (a boolean) holds whatever its value: the
+/// calls are always grammar-constrained to the `parameters` schema.
+pub(crate) const FUNCTION: &[(&str, Handling)] = &[
+    ("name", Implemented),
+    ("description", Implemented),
+    ("parameters", Implemented),
+    ("strict", Implemented),
+];
+
+/// The fields of a `tool_choice` object.
+pub(crate) const TOOL_CHOICE: &[(&str, Handling)] =
+    &[("type", Implemented), ("function", Implemented)];
+
+/// The fields of `tool_choice.function`.
+pub(crate) const TOOL_CHOICE_FUNCTION: &[(&str, Handling)] = &[("name", Implemented)];
+
+/// The fields of one content part.
+pub(crate) const CONTENT_PART: &[(&str, Handling)] =
+    &[("type", Implemented), ("text", Implemented)];
+
 /// How `endpoint_fields` (and [`COMMON`]) handle `key`, `None` when unknown.
 pub(crate) fn handling(endpoint_fields: &[(&str, Handling)], key: &str) -> Option<Handling> {
     COMMON
@@ -311,4 +357,9 @@ pub(crate) fn check(o: &Obj, endpoint_fields: &[(&str, Handling)]) -> Result<(),
 /// The same for one message object (its path in `o`).
 pub(crate) fn check_message(o: &Obj) -> Result<(), ApiError> {
     check_map(o, MESSAGE, false)
+}
+
+/// The same for an object inside the request (`fields` is its table, e.g. [`TOOL`]).
+pub(crate) fn check_object(o: &Obj, fields: &[(&str, Handling)]) -> Result<(), ApiError> {
+    check_map(o, fields, false)
 }

@@ -5,6 +5,7 @@
 use serde_json::Value;
 
 use super::error::ApiError;
+use super::fields::{self, JSON_SCHEMA, PLAIN_FORMAT, SCHEMA_FORMAT};
 use super::parse::Obj;
 use super::types::Format;
 
@@ -41,11 +42,13 @@ fn response_format(o: &Obj) -> Result<Option<Format>, ApiError> {
     };
     let kind = rf.str("type")?;
     match rf.required("type", kind)? {
-        "text" => Ok(None),
-        "json_object" => Ok(Some(Format::JsonObject)),
+        "text" => fields::check_object(&rf, PLAIN_FORMAT).map(|()| None),
+        "json_object" => fields::check_object(&rf, PLAIN_FORMAT).map(|()| Some(Format::JsonObject)),
         "json_schema" => {
+            fields::check_object(&rf, SCHEMA_FORMAT)?;
             let js = rf.object("json_schema", "an object")?;
             let js = rf.required("json_schema", js)?;
+            fields::check_object(&js, JSON_SCHEMA)?;
             let name = js.str("name")?;
             js.required("name", name)?;
             js.bool("strict")?;
@@ -86,8 +89,11 @@ fn structured_outputs(o: &Obj) -> Result<Option<Format>, ApiError> {
         let path = so.path(key);
         let f = match key.as_str() {
             "json" => Format::JsonSchema(schema_value(v, &path)?),
-            "json_object" if v == &Value::Bool(true) => Format::JsonObject,
-            "json_object" => continue,
+            "json_object" => match so.bool(key)? {
+                Some(true) => Format::JsonObject,
+                // false asks for nothing.
+                _ => continue,
+            },
             "regex" => Format::Regex(so.str(key)?.unwrap_or_default().to_owned()),
             "grammar" => Format::Lark(so.str(key)?.unwrap_or_default().to_owned()),
             "choice" => {

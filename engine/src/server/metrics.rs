@@ -45,7 +45,7 @@ const RANK_GAUGES: [RankGauge; 5] = [
         |r| u64::from(r.up),
     ),
     (
-        "sluice_engine_kv_tokens_total",
+        "sluice_engine_kv_tokens_capacity",
         "KV-cache capacity of the rank, in tokens.",
         |r| r.kv_tokens_total as u64,
     ),

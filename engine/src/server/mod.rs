@@ -57,7 +57,9 @@ use metrics::HttpMetrics;
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Serves `engine` on `listener` until `shutdown` completes; then stops accepting, lets the
-/// requests in flight finish (streams included) and returns.
+/// requests in flight finish (streams included) for at most `drain`, closes the connections
+/// still open (their requests are aborted) and returns. Without the limit a client that stops
+/// reading a stream but keeps its connection open would keep the server from ever stopping.
 ///
 /// Accept errors (a connection reset before it was accepted, running out of file descriptors)
 /// are logged and retried, so this returns `Ok` once shut down.
@@ -65,6 +67,7 @@ pub async fn serve(
     listener: TcpListener,
     engine: Arc<dyn Engine>,
     shutdown: impl Future<Output = ()>,
+    drain: Duration,
 ) -> std::io::Result<()> {
     let state = Arc::new(State {
         engine,
@@ -72,7 +75,7 @@ pub async fn serve(
         created: unix_now(),
     });
     let builder = Arc::new(crate::http::connection_builder(HEADER_READ_TIMEOUT));
-    crate::http::accept_loop(listener, shutdown, None, move |stream, watcher| {
+    crate::http::accept_loop(listener, shutdown, Some(drain), move |stream, watcher| {
         connection(stream, state.clone(), builder.clone(), watcher)
     })
     .await
@@ -230,6 +233,7 @@ fn models(state: &State) -> Response<Body> {
             "object": "model",
             "created": state.created,
             "owned_by": "sluice",
+            // The window requests are held to (the flag, capped at the KV pool).
             "max_model_len": state.engine.context_window(),
         }],
     });

@@ -127,14 +127,15 @@ pub(super) fn sampling(o: &Obj) -> Result<Sampling, ApiError> {
             ));
         }
     }
-    let max_tokens = match o.usize("max_completion_tokens")? {
-        Some(m) => Some((m, "max_completion_tokens")),
-        None => o.usize("max_tokens")?.map(|m| (m, "max_tokens")),
-    };
-    if let Some((0, key)) = max_tokens {
-        return Err(ApiError::invalid(key, format!("{key}: must be at least 1")));
+    // Both are checked; max_completion_tokens wins when both are given.
+    let mut max_tokens = None;
+    for key in ["max_tokens", "max_completion_tokens"] {
+        match o.usize(key)? {
+            Some(0) => return Err(ApiError::invalid(key, format!("{key}: must be at least 1"))),
+            Some(m) => max_tokens = Some(m),
+            None => {}
+        }
     }
-    let max_tokens = max_tokens.map(|(m, _)| m);
     let min_tokens = o.usize("min_tokens")?.unwrap_or(0);
     if max_tokens.is_some_and(|m| min_tokens > m) {
         return Err(ApiError::invalid(

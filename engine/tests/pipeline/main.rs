@@ -117,6 +117,32 @@ fn an_over_long_request_is_refused_before_any_work() {
 }
 
 #[test]
+fn the_default_max_tokens_fits_the_kv_pool() {
+    // The pool (4096 tokens) is smaller than --context-window (12288): it is the window.
+    let s = three_ranks();
+    let (status, v) = http(&s.addr, "GET", "/v1/models", None);
+    assert_eq!(status, 200, "{v}");
+    let v: Value = serde_json::from_str(&v).expect("json");
+    assert_eq!(v["data"][0]["max_model_len"], 4096, "{v}");
+    // No max_tokens: the default fits what is left of the pool (a one-word grammar keeps the
+    // answer short).
+    let (status, v) = post_json(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": "hello", "structured_outputs": {"choice": ["yes", "no"]}}),
+    );
+    assert_eq!(status, 200, "{v}");
+    // One that does not fit is still refused.
+    let (status, v) = post_json(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": "hello", "max_tokens": 4096}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+}
+
+#[test]
 fn killing_the_last_rank_fails_in_flight_requests_within_two_seconds() {
     let s = start(&["--ranks", "3", "--threads", "1", "--kv-tokens", "4096"]);
     let mut stream = open_stream(
@@ -230,7 +256,7 @@ fn ranks_agree_on_the_smallest_kv_pool() {
     assert_eq!(bytes[0], bytes[1], "15 layers each: {h}");
     let (_, metrics) = http(&s.addr, "GET", "/metrics", None);
     for rank in ["0", "1"] {
-        let line = format!("sluice_engine_kv_tokens_total{{rank=\"{rank}\"}} 1024");
+        let line = format!("sluice_engine_kv_tokens_capacity{{rank=\"{rank}\"}} 1024");
         assert!(metrics.contains(&line), "{line} in {metrics}");
     }
     drop(s);

@@ -204,9 +204,17 @@ pub struct ServeArgs {
     /// compute at once, cores / threads: more would add no compute and only split the batch).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     micro_batches: Option<u64>,
-    /// Prompt + max_tokens above this is refused (a protection limit).
+    /// Prompt + max_tokens above this is refused (a protection limit); the window served is
+    /// the smaller of this and the KV pool. It may pass the model's trained context (as
+    /// llama.cpp's `-c` may), with a warning: the policy's input cap is what keeps prompts
+    /// inside it.
     #[arg(long, default_value_t = 12_288)]
     context_window: usize,
+    /// Seconds the requests in flight (streams included) may take to finish after SIGTERM or
+    /// Ctrl-C; the connections still open then are closed (the gateway's
+    /// `server.drain_timeout` default).
+    #[arg(long, default_value_t = 30)]
+    drain_timeout: u64,
     /// The model id the API reports (default: the model file's name).
     #[arg(long)]
     model_id: Option<String>,
@@ -380,8 +388,17 @@ pub fn serve(mut args: ServeArgs) -> Result<()> {
         ),
         kv_blocks,
     };
+    if args.context_window > cfg.context_length {
+        tracing::warn!(
+            "--context-window {} is past the model's trained context of {} tokens: output \
+             for longer requests may degrade (the policy's input cap keeps prompts under it)",
+            args.context_window,
+            cfg.context_length
+        );
+    }
     let engine_cfg = EngineConfig {
         model_id,
+        // The handle caps this at the KV pool.
         context_window: args.context_window,
         defaults: args.defaults.apply(&gguf),
     };
@@ -414,7 +431,8 @@ pub fn serve(mut args: ServeArgs) -> Result<()> {
             }
             eprintln!("shutting down: finishing in-flight requests");
         };
-        sluice_engine::server::serve(listener, handle.clone(), shutdown).await?;
+        let drain = std::time::Duration::from_secs(args.drain_timeout);
+        sluice_engine::server::serve(listener, handle.clone(), shutdown, drain).await?;
         if let Some(e) = exporter {
             e.flush().await;
         }

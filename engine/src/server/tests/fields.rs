@@ -302,3 +302,128 @@ async fn logprobs_come_back_in_openai_shapes_whole_and_streamed() {
     let n = streamed_tokens(&events, "/choices/0/logprobs/tokens");
     assert_eq!(n, 2, "{events:?}");
 }
+
+/// Objects inside the request are held to the same rule as its top level: an unknown key is
+/// refused with 400 `unsupported_parameter` naming its path, a known one with a wrong value with
+/// 400 naming it, and the shapes OpenAI documents are served.
+#[tokio::test]
+async fn nested_objects_refuse_unknown_keys() {
+    let s = TestServer::start(vec![]).await;
+    let user = json!({"role": "user", "content": "hi"});
+    let tool = |function: Value| json!([{"type": "function", "function": function}]);
+    let f = json!({"name": "f", "parameters": {"type": "object"}});
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": [user]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    for (body, param, code) in [
+        (
+            chat(json!({"response_format": {"type": "json_object", "schema": {"type": "object"}}})),
+            "response_format.schema",
+            Some("unsupported_parameter"),
+        ),
+        (
+            chat(json!({"response_format": {"type": "text", "strict": true}})),
+            "response_format.strict",
+            Some("unsupported_parameter"),
+        ),
+        (
+            chat(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "schemma": {}}}}),
+            ),
+            "response_format.json_schema.schemma",
+            Some("unsupported_parameter"),
+        ),
+        (
+            chat(json!({"structured_outputs": {"json_object": "true"}})),
+            "structured_outputs.json_object",
+            None,
+        ),
+        (
+            chat(json!({"tools": [{"type": "function", "function": f, "strict": true}]})),
+            "tools[0].strict",
+            Some("unsupported_parameter"),
+        ),
+        (
+            chat(json!({"tools": tool(json!({"name": "f", "examples": []}))})),
+            "tools[0].function.examples",
+            Some("unsupported_parameter"),
+        ),
+        (
+            chat(json!({"tools": tool(json!({"name": "f", "strict": "yes"}))})),
+            "tools[0].function.strict",
+            None,
+        ),
+        (
+            chat(
+                json!({"tools": tool(f.clone()), "tool_choice": {"type": "function", "function": {"name": "f"}, "force": true}}),
+            ),
+            "tool_choice.force",
+            Some("unsupported_parameter"),
+        ),
+        (
+            chat(
+                json!({"tools": tool(f.clone()), "tool_choice": {"type": "function", "function": {"name": "f", "arguments": "{}"}}}),
+            ),
+            "tool_choice.function.arguments",
+            Some("unsupported_parameter"),
+        ),
+        (
+            chat(
+                json!({"tools": tool(f.clone()), "tool_choice": {"type": "custom", "function": {"name": "f"}}}),
+            ),
+            "tool_choice.type",
+            None,
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {}}]}]}),
+            "messages[0].content[0].cache_control",
+            Some("unsupported_parameter"),
+        ),
+        // Both budgets given: max_completion_tokens wins, but max_tokens must still be valid.
+        (
+            chat(json!({"max_completion_tokens": 10, "max_tokens": -1})),
+            "max_tokens",
+            None,
+        ),
+        (
+            chat(json!({"max_completion_tokens": 10, "max_tokens": 0})),
+            "max_tokens",
+            None,
+        ),
+        (
+            chat(json!({"max_completion_tokens": 10, "max_tokens": 2.5})),
+            "max_tokens",
+            None,
+        ),
+    ] {
+        let e = s.post("/v1/chat/completions", &body).await.error(400);
+        assert_eq!(
+            (e["param"].as_str(), e["code"].as_str()),
+            (Some(param), code),
+            "{body}: {e}"
+        );
+        assert!(e["message"].as_str().unwrap().starts_with(param), "{e}");
+    }
+    assert!(s.engine.requests.lock().unwrap().is_empty());
+    // What OpenAI documents is served: `strict` on a function (the calls are grammar-constrained
+    // anyway), a named tool_choice with its type, every key of json_schema, text parts.
+    for body in [
+        chat(
+            json!({"tools": tool(json!({"name": "f", "description": "d", "parameters": {"type": "object"}, "strict": true})),
+                    "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+        ),
+        chat(
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "description": "d", "schema": {"type": "object"}, "strict": true}}}),
+        ),
+        chat(json!({"response_format": {"type": "json_object"}})),
+        chat(json!({"structured_outputs": {"json_object": false}})),
+        json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]}),
+    ] {
+        let r = s.post("/v1/chat/completions", &body).await;
+        assert_eq!(r.status, 200, "{body}: {}", r.body);
+    }
+}

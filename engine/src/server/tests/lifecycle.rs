@@ -59,7 +59,7 @@ async fn metrics_use_vllm_names_and_count_latencies() {
         format!("vllm:request_success_total{{finished_reason=\"length\",{label}}} 1"),
         format!("vllm:num_preemptions_total{{{label}}} 0"),
         "sluice_engine_rank_up{rank=\"1\"} 1".to_owned(),
-        "sluice_engine_kv_tokens_total{rank=\"0\"} 4096".to_owned(),
+        "sluice_engine_kv_tokens_capacity{rank=\"0\"} 4096".to_owned(),
         "sluice_engine_kv_tokens_used{rank=\"0\"} 64".to_owned(),
         "sluice_engine_weight_bytes{rank=\"0\"} 1000".to_owned(),
         "sluice_engine_kv_bytes{rank=\"1\"} 2000".to_owned(),
@@ -167,4 +167,20 @@ async fn graceful_shutdown_finishes_the_request_in_flight() {
     assert_eq!(v["choices"][0]["message"]["content"], "partial done");
     assert_eq!(v["usage"]["total_tokens"], 7);
     within(&mut s.task).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_closes_a_stream_still_open_after_the_drain_limit() {
+    let drain = Duration::from_millis(300);
+    let mut s = TestServer::start_with_drain(vec![Script::Hold(vec!["tok"])], drain).await;
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}).to_string();
+    // The client keeps its connection open but reads nothing; the engine never finishes.
+    let (_resp, _conn) = s.open("POST", "/v1/chat/completions", &body, &[]).await;
+    let tx = s.held().await;
+    let stopping = std::time::Instant::now();
+    s.shutdown();
+    within(&mut s.task).await.unwrap().unwrap();
+    assert!(stopping.elapsed() >= drain, "the stream had its drain time");
+    // The stream was closed with the server: the engine's request is aborted.
+    within(tx.closed()).await;
 }

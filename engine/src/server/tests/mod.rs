@@ -171,6 +171,11 @@ pub(super) struct TestServer {
 
 impl TestServer {
     pub async fn start(scripts: Vec<Script>) -> Self {
+        Self::start_with_drain(scripts, std::time::Duration::from_secs(30)).await
+    }
+
+    /// A server that lets requests in flight finish for at most `drain` once shut down.
+    pub async fn start_with_drain(scripts: Vec<Script>, drain: std::time::Duration) -> Self {
         let (held_tx, held_rx) = mpsc::unbounded_channel();
         let tokenizer = Arc::new(toy_tokenizer());
         let eos = tokenizer.token_id("<|im_end|>").unwrap();
@@ -186,9 +191,10 @@ impl TestServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(super::serve(listener, engine.clone(), async {
+        let stopped = async {
             let _ = stopped.await;
-        }));
+        };
+        let task = tokio::spawn(super::serve(listener, engine.clone(), stopped, drain));
         Self {
             addr,
             engine,
