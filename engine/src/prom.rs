@@ -14,7 +14,9 @@ pub struct Histogram {
     bounds: &'static [f64],
     /// Per bucket (not cumulative); the last one is `+Inf`.
     counts: Vec<AtomicU64>,
-    sum_nanos: AtomicU64,
+    /// The sum of the observations, as `f64` bits (seconds, or the plain values): a count of
+    /// nanoseconds or of 10⁻⁹ tokens in a `u64` wrapped after 1.8 × 10¹⁰ tokens.
+    sum_bits: AtomicU64,
 }
 
 impl Histogram {
@@ -22,24 +24,16 @@ impl Histogram {
         Self {
             bounds,
             counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum_nanos: AtomicU64::new(0),
+            sum_bits: AtomicU64::new(0f64.to_bits()),
         }
     }
 
     pub fn observe(&self, d: Duration) {
-        self.record(
-            d.as_secs_f64(),
-            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
-        );
+        self.observe_value(d.as_secs_f64());
     }
 
     /// Observes a plain value (a token count) instead of a duration.
     pub fn observe_value(&self, v: f64) {
-        self.record(v, (v * 1e9) as u64);
-    }
-
-    /// `v` in its bucket; `nanos` (`v` × 10⁹) added to the sum.
-    fn record(&self, v: f64, nanos: u64) {
         let i = self
             .bounds
             .iter()
@@ -48,7 +42,16 @@ impl Histogram {
         if let Some(c) = self.counts.get(i) {
             c.fetch_add(1, Ordering::Relaxed);
         }
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        let _ = self
+            .sum_bits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((f64::from_bits(bits) + v).to_bits())
+            });
+    }
+
+    /// The sum of the observations.
+    fn sum(&self) -> f64 {
+        f64::from_bits(self.sum_bits.load(Ordering::Relaxed))
     }
 
     /// The counts so far, read bucket by bucket (not one atomic read: an observation racing
@@ -63,7 +66,7 @@ impl Histogram {
             bounds: self.bounds,
             count: counts.iter().sum(),
             counts,
-            sum: self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+            sum: self.sum(),
         }
     }
 
@@ -88,8 +91,7 @@ impl Histogram {
                 "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}"
             );
         }
-        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{name}_sum{braces} {sum}");
+        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum());
         let _ = writeln!(out, "{name}_count{braces} {cumulative}");
     }
 }
@@ -165,5 +167,18 @@ mod tests {
         assert_eq!(delta.count, 3);
         assert!((delta.sum - 6.0).abs() < 1e-9, "{}", delta.sum);
         assert_eq!(delta.bounds, BOUNDS);
+    }
+
+    #[test]
+    fn a_sum_of_token_counts_does_not_wrap() {
+        // 2 × 10¹⁰ tokens: as 10⁻⁹ units in a u64 the sum wrapped past 1.8 × 10¹⁰.
+        static BOUNDS: &[f64] = &[8192.0];
+        let h = Histogram::new(BOUNDS);
+        h.observe_value(1e10);
+        h.observe_value(1e10);
+        assert_eq!(h.snapshot().sum, 2e10);
+        let mut out = String::new();
+        h.render(&mut out, "t", "tokens", "");
+        assert!(out.contains("t_sum 20000000000\n"), "{out}");
     }
 }

@@ -271,7 +271,7 @@ async fn load_shedding_fires_and_resolves_through_a_real_alertmanager() {
     };
     let store = PolicyStore::new(loaded);
     let metrics = Arc::new(Metrics::default());
-    let alerter = Alerter::spawn(metrics.clone(), store);
+    let alerter = Alerter::spawn(metrics.clone(), store, "gw-a:8443".into()).unwrap();
 
     // Overload: three of every four requests shed.
     let overload = traffic(metrics.clone(), 3, 1);
@@ -280,6 +280,7 @@ async fn load_shedding_fires_and_resolves_through_a_real_alertmanager() {
         .await;
     let alert = &fired["alerts"][0];
     assert_eq!(alert["labels"]["service"], "sluice");
+    assert_eq!(alert["labels"]["instance"], "gw-a:8443");
     assert_eq!(alert["labels"]["severity"], "critical");
     let description = alert["annotations"]["description"].as_str().unwrap_or("");
     assert!(description.contains("were shed"), "{fired}");

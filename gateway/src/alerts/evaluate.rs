@@ -36,6 +36,8 @@ pub(super) struct Evaluator {
     policy: Option<Firing>,
     /// The newest policy reload error.
     policy_error: String,
+    /// The `instance` label of every alert.
+    instance: String,
 }
 
 impl Evaluator {
@@ -44,8 +46,10 @@ impl Evaluator {
         store: Arc<PolicyStore>,
         sink: Arc<dyn AlertSink>,
         shared: Arc<Shared>,
+        instance: String,
     ) -> Self {
         Self {
+            instance,
             metrics,
             store,
             dispatcher: Dispatcher::spawn(sink, shared.clone()),
@@ -176,7 +180,13 @@ impl Evaluator {
             Status::Resolved => al.resolve_ratio,
         };
         let (summary, description) = shedding_text(status, details, threshold);
-        let mut alert = notice(loaded, AlertName::LoadShedding, status, started_at);
+        let mut alert = notice(
+            loaded,
+            &self.instance,
+            AlertName::LoadShedding,
+            status,
+            started_at,
+        );
         alert.summary = summary;
         alert.description = description;
         alert.shed = Some(*details);
@@ -191,7 +201,13 @@ impl Evaluator {
         started_at: SystemTime,
     ) {
         let (summary, description) = policy_text(status, message);
-        let mut alert = notice(loaded, AlertName::PolicyReloadFailed, status, started_at);
+        let mut alert = notice(
+            loaded,
+            &self.instance,
+            AlertName::PolicyReloadFailed,
+            status,
+            started_at,
+        );
         alert.summary = summary;
         alert.description = description;
         self.dispatcher.send(alert, targets(&loaded.policy.alerts));
@@ -209,8 +225,14 @@ fn due(slot: &mut Option<Firing>, now: Instant, al: &Alerts) -> Option<SystemTim
     Some(f.started_at)
 }
 
-/// A notification without its texts, timed for `status`.
-fn notice(loaded: &LoadedPolicy, name: AlertName, status: Status, starts_at: SystemTime) -> Alert {
+/// A notification from `instance` without its texts, timed for `status`.
+fn notice(
+    loaded: &LoadedPolicy,
+    instance: &str,
+    name: AlertName,
+    status: Status,
+    starts_at: SystemTime,
+) -> Alert {
     let al = &loaded.policy.alerts;
     let now = SystemTime::now();
     let ends_at = match status {
@@ -224,7 +246,8 @@ fn notice(loaded: &LoadedPolicy, name: AlertName, status: Status, starts_at: Sys
         description: String::new(),
         starts_at,
         ends_at,
-        generator_url: format!("https://{}/metrics", loaded.policy.server.listen),
+        generator_url: format!("https://{instance}/metrics"),
+        instance: instance.to_owned(),
         shed: None,
     }
 }

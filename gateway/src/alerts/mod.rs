@@ -12,7 +12,9 @@
 //! The settings are read from the policy in force at every evaluation, so they follow a
 //! reload. Posting never blocks the evaluation: notifications queue for a delivery task, and
 //! failures are logged at warn, at most once a minute per target. No URL configured: nothing
-//! is sent (the alert still shows in the logs and in [`Alerter::render_prometheus`]).
+//! is sent (the alert still shows in the logs and in [`Alerter::render_prometheus`]). Every
+//! alert carries the label `instance` (the gateway's `host:port`), so that the alerts of several
+//! gateways in front of one deployment stay apart in Alertmanager.
 //!
 //! - [`window`]: the shed share over the sliding window, and the hysteresis rule.
 //! - [`notice`]: one notification and its wire formats.
@@ -33,12 +35,13 @@ use std::sync::Arc;
 use sluice_engine::prom::header as help;
 use tokio::sync::mpsc;
 
-pub use notice::{Alert, AlertName, ShedDetails, Status};
+pub use notice::{instance, Alert, AlertName, ShedDetails, Status};
 pub use sink::{AlertSink, HttpSink, SendError, Target};
 pub use window::{Counts, Share, ShedWindow};
 
 use crate::policy::PolicyStore;
 use crate::telemetry::Metrics;
+use crate::tls::TlsError;
 
 /// What the alerter task is told from outside.
 #[derive(Debug)]
@@ -67,10 +70,20 @@ pub struct Alerter {
 }
 
 impl Alerter {
-    /// Starts alerting over HTTP on the counters of `metrics`, with the `[alerts]` settings of
-    /// the policy in force in `store`. Call inside a Tokio runtime.
-    pub fn spawn(metrics: Arc<Metrics>, store: Arc<PolicyStore>) -> Self {
-        Self::spawn_with(metrics, store, Arc::new(HttpSink::default()))
+    /// Starts alerting over HTTP or HTTPS (trusting `alerts.ca`, else the system's roots) on
+    /// the counters of `metrics`, with the `[alerts]` settings of the policy in force in
+    /// `store`, every alert labelled `instance` (see [`instance`]). Call inside a Tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// `alerts.ca` cannot be read or holds no certificate.
+    pub fn spawn(
+        metrics: Arc<Metrics>,
+        store: Arc<PolicyStore>,
+        instance: String,
+    ) -> Result<Self, TlsError> {
+        let sink = HttpSink::new(store.current().policy.alerts.ca.as_deref())?;
+        Ok(Self::spawn_with(metrics, store, Arc::new(sink), instance))
     }
 
     /// [`Alerter::spawn`] with notifications going to `sink`.
@@ -78,10 +91,11 @@ impl Alerter {
         metrics: Arc<Metrics>,
         store: Arc<PolicyStore>,
         sink: Arc<dyn AlertSink>,
+        instance: String,
     ) -> Self {
         let shared = Arc::new(Shared::default());
         let (commands, rx) = mpsc::unbounded_channel();
-        let task = evaluate::Evaluator::new(metrics, store, sink, shared.clone());
+        let task = evaluate::Evaluator::new(metrics, store, sink, shared.clone(), instance);
         tokio::spawn(task.run(rx));
         Self { commands, shared }
     }

@@ -73,6 +73,10 @@ pub struct Alert {
     /// Resolved: now. Firing: a few repeat intervals ahead, so Alertmanager resolves it by
     /// itself if the gateway goes away without resolving it.
     pub ends_at: SystemTime,
+    /// Which gateway raised it (`host:port`), the `instance` label: several gateways in front
+    /// of one deployment raise the same alert, and Alertmanager must keep them apart (one
+    /// gateway's resolve must not end another's alert).
+    pub instance: String,
     /// Where to look: the gateway's `/metrics`.
     pub generator_url: String,
     /// Shedding alerts only.
@@ -87,6 +91,7 @@ impl Alert {
                 "alertname": self.name.as_str(),
                 "severity": self.name.severity(),
                 "service": "sluice",
+                "instance": self.instance,
             },
             "annotations": {
                 "summary": self.summary,
@@ -99,13 +104,14 @@ impl Alert {
     }
 
     /// The body of a plain webhook:
-    /// `{status, alert, severity, summary, description, started_at, [share, shed, total,
-    /// window_seconds]}`.
+    /// `{status, alert, severity, instance, summary, description, started_at, [share, shed,
+    /// total, window_seconds]}`.
     pub fn webhook_json(&self) -> Value {
         let mut v = json!({
             "status": self.status.as_str(),
             "alert": self.name.as_str(),
             "severity": self.name.severity(),
+            "instance": self.instance,
             "summary": self.summary,
             "description": self.description,
             "started_at": rfc3339(self.starts_at),
@@ -118,6 +124,21 @@ impl Alert {
         }
         v
     }
+}
+
+/// The `instance` of a gateway listening on `listen`: the address, or the host's name in
+/// place of an unspecified IP (`0.0.0.0:8443` on every host would tell no gateway apart).
+pub fn instance(listen: std::net::SocketAddr) -> String {
+    if !listen.ip().is_unspecified() {
+        return listen.to_string();
+    }
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{name}:{}", listen.port())
 }
 
 /// `2025-01-31T12:00:00.000Z`.

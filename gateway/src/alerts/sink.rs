@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -13,9 +14,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{header, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -23,6 +21,8 @@ use tokio::time::Instant;
 
 use super::notice::Alert;
 use super::Shared;
+use crate::forward::client::{http_client, HttpClient};
+use crate::tls::TlsError;
 
 /// The longest one post may take.
 pub const POST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -87,21 +87,25 @@ pub trait AlertSink: Send + Sync + fmt::Debug + 'static {
     fn post<'a>(&'a self, target: &'a Target, alert: &'a Alert) -> PostFuture<'a>;
 }
 
-/// Posts notifications over HTTP (`http://` URLs; Alertmanager usually runs beside the
+/// Posts notifications over HTTP or HTTPS (TLS 1.2+, the client the gateway uses for its
+/// upstreams: a chat webhook is usually `https://`, Alertmanager often plain HTTP beside the
 /// gateway).
 #[derive(Clone, Debug)]
 pub struct HttpSink {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: HttpClient,
 }
 
-impl Default for HttpSink {
-    fn default() -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        Self {
-            client: Client::builder(TokioExecutor::new()).build(connector),
-        }
+impl HttpSink {
+    /// A sink that trusts `ca` (a PEM bundle, `alerts.ca`) for `https://` targets, or the
+    /// system's roots without one.
+    ///
+    /// # Errors
+    ///
+    /// The CA file cannot be read or holds no certificate.
+    pub fn new(ca: Option<&Path>) -> Result<Self, TlsError> {
+        Ok(Self {
+            client: http_client(ca)?,
+        })
     }
 }
 

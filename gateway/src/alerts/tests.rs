@@ -90,7 +90,12 @@ fn start(alerts: Alerts) -> Harness {
     let metrics = Arc::new(Metrics::default());
     let store = store_with(alerts);
     let sink = Arc::new(Recorder::default());
-    let alerter = Alerter::spawn_with(metrics.clone(), store.clone(), sink.clone());
+    let alerter = Alerter::spawn_with(
+        metrics.clone(),
+        store.clone(),
+        sink.clone(),
+        "gw-a:8443".into(),
+    );
     Harness {
         metrics,
         store,
@@ -144,13 +149,12 @@ async fn fires_at_the_threshold_to_both_formats() {
     assert_eq!(a["labels"]["alertname"], "SluiceLoadShedding");
     assert_eq!(a["labels"]["service"], "sluice");
     assert_eq!(a["labels"]["severity"], "critical");
+    assert_eq!(a["labels"]["instance"], "gw-a:8443");
     let description = a["annotations"]["description"].as_str().expect("text");
     assert!(description.contains("10 of 92"), "{description}");
     assert!(description.contains("10.9%"), "{description}");
     assert!(a["endsAt"].as_str() > a["startsAt"].as_str());
-    assert!(a["generatorURL"]
-        .as_str()
-        .is_some_and(|u| u.starts_with("https://")));
+    assert_eq!(a["generatorURL"], "https://gw-a:8443/metrics");
 
     let hook = posts
         .iter()
@@ -160,6 +164,7 @@ async fn fires_at_the_threshold_to_both_formats() {
     let body = hook.0.body(&hook.1);
     assert_eq!(body["status"], "firing");
     assert_eq!(body["alert"], "SluiceLoadShedding");
+    assert_eq!(body["instance"], "gw-a:8443");
     assert_eq!(body["shed"], 10);
     assert_eq!(body["total"], 92);
     assert_eq!(body["window_seconds"], 60.0);
@@ -388,4 +393,103 @@ fn window_slides_and_rule_has_hysteresis() {
         "few requests, still shedding: holds"
     );
     assert!(!share(0, 0).fires(true, &rule), "nothing shed: resolves");
+}
+
+/// A notification as the evaluator would build it.
+fn sample_alert() -> Alert {
+    Alert {
+        name: AlertName::PolicyReloadFailed,
+        status: Status::Firing,
+        summary: "s".into(),
+        description: "d".into(),
+        starts_at: std::time::SystemTime::now(),
+        ends_at: std::time::SystemTime::now(),
+        instance: "gw-a:8443".into(),
+        generator_url: "https://gw-a:8443/metrics".into(),
+        shed: None,
+    }
+}
+
+/// One HTTPS server on loopback (the development certificate in `dir`) that answers 200 to
+/// every request and hands over each body it got.
+async fn tls_hook(
+    dir: &std::path::Path,
+) -> (u16, crate::tls::DevCerts, mpsc::UnboundedReceiver<Value>) {
+    use http_body_util::BodyExt;
+    let certs = crate::tls::generate_dev_certs(dir).expect("certificates");
+    let config = crate::tls::server_config(&certs.cert, &certs.key).expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            tokio::spawn(async move {
+                // A client that does not trust the CA ends the handshake: nothing to serve.
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let tx = tx.clone();
+                        async move {
+                            let body = req.into_body().collect().await?.to_bytes();
+                            let _ = tx.send(serde_json::from_slice(&body).unwrap_or(Value::Null));
+                            Ok::<_, hyper::Error>(http::Response::new(http_body_util::Empty::<
+                                bytes::Bytes,
+                            >::new(
+                            )))
+                        }
+                    });
+                let io = hyper_util::rt::TokioIo::new(tls);
+                // HTTP/1.1 or h2, whichever ALPN chose.
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(io, service)
+                .await;
+            });
+        }
+    });
+    (port, certs, rx)
+}
+
+#[tokio::test]
+async fn https_targets_are_posted_over_tls_trusting_alerts_ca() {
+    let dir = std::env::temp_dir().join(format!("sluice-alerts-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (port, certs, mut got) = tls_hook(&dir).await;
+    let hook = Target::Webhook(format!("https://localhost:{port}/hook"));
+    let alert = sample_alert();
+
+    let trusting = HttpSink::new(Some(&certs.ca_cert)).expect("sink");
+    trusting.post(&hook, &alert).await.expect("posted over TLS");
+    let body = got.recv().await.expect("received");
+    assert_eq!(body["alert"], "SluicePolicyReloadFailed");
+    assert_eq!(body["instance"], "gw-a:8443");
+
+    // The system's roots do not hold the development CA: the handshake is refused, and
+    // nothing goes out in the clear either.
+    let untrusting = HttpSink::new(None).expect("sink");
+    let err = untrusting.post(&hook, &alert).await.expect_err("untrusted");
+    assert!(matches!(err, SendError::Http { .. }), "{err}");
+    assert!(got.try_recv().is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_instance_names_the_host_in_place_of_an_unspecified_address() {
+    assert_eq!(
+        instance("10.0.0.5:8443".parse().expect("addr")),
+        "10.0.0.5:8443"
+    );
+    let any = instance("0.0.0.0:8443".parse().expect("addr"));
+    assert!(
+        any.ends_with(":8443") && !any.starts_with("0.0.0.0"),
+        "{any}"
+    );
+    assert_eq!(any, instance("[::]:8443".parse().expect("addr")));
 }

@@ -4,15 +4,20 @@
 //! [`Supervisor::start`] reserves a loopback port once (it stays the same across restarts),
 //! starts `sluice-engine serve --ranks R --listen 127.0.0.1:PORT --model PATH
 //! --exit-with-parent` and polls `GET /health`: every 500 ms while the engine starts, every
-//! second once it is ready. The engine's stdout and stderr are forwarded line by line to
-//! `tracing` under the target `sluice::engine`.
+//! second once it is ready. The engine runs in a process group of its own, so that a Ctrl-C at
+//! the terminal reaches only the gateway, which drains before it stops the engine. Its stdout
+//! and stderr are relayed line by line to `tracing` under the target `sluice::engine`, at the
+//! level the engine logged them; the engine is told (`SLUICE_LOG_TIMESTAMPS=0`) to leave out its
+//! own timestamps, so each line carries one. An engine's last lines are logged before the
+//! supervisor says how it ended.
 //!
 //! An engine that exits, is not ready within [`BundledConfig::start_timeout`], or stays
 //! unhealthy that long after having been ready is killed and restarted after an exponential
 //! [`Backoff`] (0.5 s, 1 s, 2 s … at most 30 s; the count starts over once an engine has stayed
 //! ready for 60 s). Every change shows in [`Supervisor::state`] as an [`EngineState`].
 //!
-//! [`Supervisor::shutdown`] sends the engine SIGTERM, waits up to 5 s and then kills it.
+//! [`Supervisor::shutdown`] sends the engine SIGTERM, waits up to 5 s and then kills it; once
+//! it is asked for, an engine that ends is not restarted.
 //! Dropping the [`Supervisor`] does the same in the background; if the runtime goes away
 //! first, the child is killed on drop, and the engine's `--exit-with-parent` covers a gateway
 //! that is itself killed.

@@ -6,9 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::process::Child;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use super::{child, health, BundledConfig, EngineState, RankStatus, SupervisorError};
 
@@ -30,7 +28,6 @@ pub struct Supervisor {
     state: watch::Receiver<EngineState>,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
 }
 
 /// What the task reports besides the state.
@@ -72,13 +69,12 @@ impl Supervisor {
             stop: stop_rx,
             shared: shared.clone(),
         };
-        let task = tokio::spawn(task.run());
+        tokio::spawn(task.run());
         Ok(Self {
             addr,
             state,
             shared,
             stop,
-            task,
         })
     }
 
@@ -142,12 +138,18 @@ impl Supervisor {
         }
     }
 
-    /// Stops the engine (SIGTERM, up to 5 s, then SIGKILL) and the supervising task.
-    pub async fn shutdown(self) {
-        let Self { stop, task, .. } = self;
-        let _ = stop.send(true);
-        if let Err(e) = task.await {
-            tracing::error!(target: "sluice::engine", "the engine supervisor failed: {e}");
+    /// Stops the engine (SIGTERM, up to 5 s, then SIGKILL) and the supervising task, and
+    /// returns once it is stopped; no restart follows. Any holder of the supervisor may call
+    /// it (the status page and the forwarder share it), and more than once.
+    pub async fn shutdown(&self) {
+        let _ = self.stop.send(true);
+        let mut state = self.state.clone();
+        if state
+            .wait_for(|s| *s == EngineState::Stopped)
+            .await
+            .is_err()
+        {
+            tracing::error!(target: "sluice::engine", "the engine supervisor ended before stopping the engine");
         }
     }
 }
@@ -182,7 +184,7 @@ impl Task {
         loop {
             self.set(EngineState::Starting);
             let outcome = match child::spawn(&self.config, self.addr) {
-                Ok(child) => self.watch_child(child, &mut attempt).await,
+                Ok(engine) => self.watch_child(engine, &mut attempt).await,
                 Err(e) => Outcome::Failed(format!(
                     "cannot start {}: {e}",
                     self.config.engine_bin.display()
@@ -190,6 +192,11 @@ impl Task {
             };
             self.shared.pid.store(0, Ordering::Release);
             let Outcome::Failed(why) = outcome else { break };
+            if *self.stop.borrow() {
+                // The engine ended as shutdown was asked for: it is not started again.
+                tracing::info!(target: "sluice::engine", "{why}; shutting down");
+                break;
+            }
             attempt = attempt.saturating_add(1);
             let backoff = self.config.backoff.delay(attempt);
             tracing::warn!(target: "sluice::engine", attempt, ?backoff, "{why}; restarting");
@@ -209,7 +216,8 @@ impl Task {
     }
 
     /// Polls one engine process until it ends, is killed or shutdown is asked for.
-    async fn watch_child(&mut self, mut child: Child, attempt: &mut u32) -> Outcome {
+    async fn watch_child(&mut self, mut engine: child::Engine, attempt: &mut u32) -> Outcome {
+        let child = &mut engine.child;
         let pid = child.id().unwrap_or(0);
         self.shared.pid.store(pid, Ordering::Release);
         tracing::info!(target: "sluice::engine", pid, addr = %self.addr, "engine started");
@@ -233,13 +241,17 @@ impl Task {
             };
             match event {
                 Event::Exited(Ok(status)) => {
+                    engine.flush_logs().await;
                     return Outcome::Failed(format!("the engine (pid {pid}) exited: {status}"));
                 }
                 Event::Exited(Err(e)) => {
+                    engine.flush_logs().await;
                     return Outcome::Failed(format!("waiting for the engine (pid {pid}): {e}"));
                 }
                 Event::Stop => {
-                    match child::terminate(&mut child, STOP_GRACE).await {
+                    let ended = child::terminate(child, STOP_GRACE).await;
+                    engine.flush_logs().await;
+                    match ended {
                         Ok(status) => {
                             tracing::info!(target: "sluice::engine", pid, "engine stopped: {status}");
                         }
@@ -279,7 +291,8 @@ impl Task {
                     };
                     if since.elapsed() >= limit {
                         let why = format!("the engine (pid {pid}) {what} for {limit:?} ({why})");
-                        let ended = child::terminate(&mut child, STOP_GRACE).await;
+                        let ended = child::terminate(child, STOP_GRACE).await;
+                        engine.flush_logs().await;
                         return Outcome::Failed(match ended {
                             Ok(status) => format!("{why}; stopped it: {status}"),
                             Err(e) => format!("{why}; stopping it: {e}"),

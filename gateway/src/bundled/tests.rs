@@ -161,6 +161,218 @@ async fn wait_ready_times_out_with_the_state() {
     sup.shutdown().await;
 }
 
+/// A fake engine: `script` as an executable shell script in `dir`.
+fn fake_engine(dir: &Path, script: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("sluice-engine");
+    std::fs::write(&bin, format!("#!/bin/sh\n{script}")).expect("write");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    bin
+}
+
+/// What `tracing` wrote while a test ran (no timestamps, no colour).
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Self;
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
+    }
+}
+
+/// The process group of the process whose `/proc/PID/stat` is `stat`.
+fn pgid(stat: &str) -> String {
+    let after_name = &stat[stat.rfind(')').expect("stat") + 2..];
+    after_name.split(' ').nth(2).expect("pgrp").to_owned()
+}
+
+#[test]
+fn engine_lines_keep_their_level_and_lose_their_timestamp() {
+    use tracing::Level;
+    let cases = [
+        (
+            " WARN sluice_engine::serve: careful",
+            Level::WARN,
+            "sluice_engine::serve: careful",
+        ),
+        (
+            "2026-12-04T10:00:00.123456Z ERROR sluice_engine: stamped",
+            Level::ERROR,
+            "sluice_engine: stamped",
+        ),
+        (
+            "2026-12-04T10:00:00Z  INFO x: two spaces",
+            Level::INFO,
+            "x: two spaces",
+        ),
+        ("DEBUG a: b", Level::DEBUG, "a: b"),
+        (
+            "KV token pool: 158928 tokens",
+            Level::INFO,
+            "KV token pool: 158928 tokens",
+        ),
+        (
+            "thread 'main' panicked at src/x.rs:1:1:",
+            Level::INFO,
+            "thread 'main' panicked at src/x.rs:1:1:",
+        ),
+        ("WARNING not a level", Level::INFO, "WARNING not a level"),
+        (
+            "[rank 2]  WARN sluice_engine::pipeline: slow",
+            Level::WARN,
+            "[rank 2] sluice_engine::pipeline: slow",
+        ),
+        (
+            "[rank 1] 2026-12-04T10:00:00.1Z ERROR e: stamped",
+            Level::ERROR,
+            "[rank 1] e: stamped",
+        ),
+        ("[rank 1] listening", Level::INFO, "[rank 1] listening"),
+        ("[rank x] WARN y", Level::INFO, "[rank x] WARN y"),
+        ("", Level::INFO, ""),
+    ];
+    for (line, level, text) in cases {
+        let (got_level, got_text) = child::parse_line(line);
+        assert_eq!((got_level, &*got_text), (level, text), "{line:?}");
+    }
+}
+
+#[tokio::test]
+async fn an_engine_s_lines_are_relayed_at_their_level_and_before_its_exit() {
+    let log = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(log.clone())
+        .with_ansi(false)
+        .without_time()
+        .with_max_level(tracing::Level::DEBUG)
+        .finish();
+    // The test's runtime has one thread: every task logs through this subscriber.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let dir = scratch("relay");
+    let bin = fake_engine(
+        &dir,
+        r#"echo "timestamps=$SLUICE_LOG_TIMESTAMPS group=$(cut -d')' -f2 /proc/$$/stat | cut -d' ' -f4)"
+echo " WARN sluice_engine::serve: careful now" >&2
+echo "2026-12-04T10:00:00.000000Z ERROR sluice_engine::x: stamped" >&2
+i=0; while [ $i -lt 300 ]; do echo "line $i"; i=$((i+1)); done
+exit 3
+"#,
+    );
+    let mut config = BundledConfig::new(&bin, fake_model(&dir));
+    config.backoff = Backoff {
+        initial: Duration::from_secs(30),
+        ..quick_backoff()
+    };
+    let sup = Supervisor::start(config).await.expect("start");
+    let mut state = sup.state();
+    timeout(
+        Duration::from_secs(10),
+        state.wait_for(|s| matches!(s, EngineState::Restarting { .. })),
+    )
+    .await
+    .expect("the engine exits")
+    .expect("the supervisor runs");
+    let text = log.text();
+    let line = |needle: &str| {
+        text.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in\n{text}"))
+            .trim_start()
+            .to_owned()
+    };
+    assert!(
+        line("careful now").starts_with("WARN sluice::engine: sluice_engine::serve: careful now"),
+        "{text}"
+    );
+    let stamped = line("stamped");
+    assert!(
+        stamped.starts_with("ERROR") && !stamped.contains("2026-12-04T10"),
+        "{stamped}"
+    );
+    assert!(line("line 7").starts_with("INFO"), "{text}");
+    // The engine was told to leave out its timestamps, and runs in a process group of its
+    // own (a Ctrl-C at the terminal reaches the gateway, not the engine).
+    assert!(line("timestamps=").contains("timestamps=0 "), "{text}");
+    let theirs = line("group=");
+    let theirs = theirs
+        .split("group=")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .expect("group");
+    let ours = pgid(&std::fs::read_to_string("/proc/self/stat").expect("stat"));
+    assert_ne!(theirs, ours, "{text}");
+    // Every line it wrote is logged before the supervisor's word on how it ended.
+    let (last, exited) = (text.find("line 299"), text.find("exited"));
+    assert!(
+        last.is_some() && exited.is_some() && last < exited,
+        "{text}"
+    );
+    sup.shutdown().await;
+}
+
+#[tokio::test]
+async fn any_holder_can_shut_the_engine_down_and_it_is_not_restarted() {
+    let dir = scratch("shutdown");
+    let stopped = dir.join("stopped");
+    let bin = fake_engine(
+        &dir,
+        &format!(
+            "trap 'echo term > {}; exit 1' TERM\nwhile :; do sleep 0.05; done\n",
+            stopped.display()
+        ),
+    );
+    let mut config = BundledConfig::new(&bin, fake_model(&dir));
+    config.backoff = quick_backoff();
+    let sup = std::sync::Arc::new(Supervisor::start(config).await.expect("start"));
+    let held_elsewhere = sup.clone();
+    let pid = timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(pid) = sup.child_pid() {
+                return pid;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the engine starts");
+    // Let the script set its trap.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    timeout(Duration::from_secs(10), sup.shutdown())
+        .await
+        .expect("shutdown ends");
+    assert_eq!(*held_elsewhere.state().borrow(), EngineState::Stopped);
+    assert_eq!(
+        std::fs::read_to_string(&stopped).expect("SIGTERM reached it"),
+        "term\n"
+    );
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "pid {pid} is gone"
+    );
+    // It exited 1 on SIGTERM: no restart follows a shutdown.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(held_elsewhere.child_pid(), None);
+    assert_eq!(*held_elsewhere.state().borrow(), EngineState::Stopped);
+    held_elsewhere.shutdown().await;
+}
+
 // ---- the real engine ----
 
 /// The bundled model, found from the working directory or this crate's manifest.

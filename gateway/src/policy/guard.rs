@@ -9,7 +9,8 @@
 //!   `admin.api_key_sha256` replacing one with it needs `admin.disabled = true`. A file
 //!   truncated or emptied mid-save, or a stray edit, is refused instead of opening the gateway.
 //! - **Restart-only keys are held.** [`RESTART_KEYS`] are read once at start (the listener, its
-//!   certificate, the upstream's kind and addresses, the tokenizer, the trace exporter, the whole
+//!   certificate, the upstream's kind and addresses, the tokenizer, the CA alerts trust, the
+//!   trace exporter, the whole
 //!   `[shared]` table: a live switch of Redis, prefix or fail mode could split a deployment's
 //!   counts or turn `closed` into `local`, which widens access). A reload
 //!   that changes one keeps the running value in the policy in force and reports the key as
@@ -56,6 +57,7 @@ restart_keys!(
     upstream.ca,
     upstream.tokenizer,
     upstream.model,
+    alerts.ca,
     traces.endpoint,
     traces.protocol,
     traces.service_name,

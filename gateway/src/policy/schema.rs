@@ -375,6 +375,9 @@ pub struct Alerts {
     pub alertmanager_urls: Vec<String>,
     /// Plain JSON webhooks: each alert change and repeat is `POST`ed to the URL as is.
     pub webhooks: Vec<String>,
+    /// A PEM bundle trusted for `https://` targets instead of the system's roots. Read at
+    /// start: a change needs a restart.
+    pub ca: Option<PathBuf>,
     /// Share of the requests ended over `window` that were shed (503 `overloaded` or
     /// `queue_timeout`) at which `SluiceLoadShedding` fires.
     pub shed_ratio: f64,
@@ -401,6 +404,7 @@ impl Default for Alerts {
         Self {
             alertmanager_urls: Vec::new(),
             webhooks: Vec::new(),
+            ca: None,
             shed_ratio: 0.1,
             resolve_ratio: 0.05,
             min_requests: 20,

@@ -499,6 +499,11 @@ fn traces(t: &Traces, out: &mut Problems) {
 }
 
 fn alerts(al: &Alerts, out: &mut Problems) {
+    if let Some(ca) = &al.ca {
+        if let Err(e) = crate::tls::root_store(ca) {
+            out.add("alerts.ca", e.to_string());
+        }
+    }
     for (i, url) in al.alertmanager_urls.iter().enumerate() {
         if let Err(why) = alertmanager_url(url) {
             out.add(format!("alerts.alertmanager_urls[{i}]"), why);

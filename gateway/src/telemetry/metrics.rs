@@ -406,7 +406,7 @@ fn render_ranks(out: &mut String, ranks: &[RankStatus]) {
             |r| u64::from(r.up),
         ),
         (
-            "sluice_engine_kv_tokens_total",
+            "sluice_engine_kv_tokens_capacity",
             "KV-cache capacity of the engine rank, in tokens.",
             |r| r.kv_tokens_total,
         ),

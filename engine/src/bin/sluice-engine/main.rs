@@ -187,13 +187,19 @@ impl WithBackend for Loading {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    // `SLUICE_LOG_TIMESTAMPS=0`: whoever reads these lines (the gateway's supervisor, a
+    // journal) stamps them itself, and one timestamp per line is enough.
+    if std::env::var_os("SLUICE_LOG_TIMESTAMPS").is_some_and(|v| v == "0") {
+        log.without_time().init();
+    } else {
+        log.init();
+    }
     if let Err(e) = run(Cli::parse()) {
         eprintln!("sluice-engine: {e:#}");
         std::process::exit(1);

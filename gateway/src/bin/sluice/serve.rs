@@ -132,7 +132,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // The status page's windowed percentiles sample from start-up.
     sluice_gateway::ui::start(&app);
     // The gateway's own alerts (load shedding, refused policy edits), posted per [alerts].
-    let alerter = sluice_gateway::alerts::Alerter::spawn(app.metrics.clone(), app.policy.clone());
+    let instance = sluice_gateway::alerts::instance(listen);
+    let alerter =
+        sluice_gateway::alerts::Alerter::spawn(app.metrics.clone(), app.policy.clone(), instance)?;
     let _ = app.alerter.set(alerter.clone());
     // Edits of the policy file (and SIGHUP) reload it; the handle stops watching when dropped.
     let _reloader = match policy_file {
@@ -200,7 +202,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(e) = exporter {
         e.flush().await;
     }
-    if let Some(sup) = supervisor.and_then(|s| Arc::try_unwrap(s).ok()) {
+    if let Some(sup) = supervisor {
         sup.shutdown().await;
     }
     Ok(())
