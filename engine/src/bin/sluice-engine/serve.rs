@@ -206,7 +206,7 @@ pub struct ServeArgs {
     micro_batches: Option<u64>,
     /// Prompt + max_tokens above this is refused (a protection limit); the window served is
     /// the smaller of this and the KV pool. It may pass the model's trained context (as
-    /// llama.cpp's `-c` may), with a warning: the policy's input cap is what keeps prompts
+    /// llama.cpp's `-c` may), logged at start: the policy's input cap is what keeps prompts
     /// inside it.
     #[arg(long, default_value_t = 12_288)]
     context_window: usize,
@@ -389,7 +389,7 @@ pub fn serve(mut args: ServeArgs) -> Result<()> {
         kv_blocks,
     };
     if args.context_window > cfg.context_length {
-        tracing::warn!(
+        tracing::info!(
             "--context-window {} is past the model's trained context of {} tokens: output \
              for longer requests may degrade (the policy's input cap keeps prompts under it)",
             args.context_window,
