@@ -95,9 +95,7 @@ impl App {
 /// 2. **auth** ([`crate::middleware::auth`]): the API key → `Caller` (tenant, class); 401.
 /// 3. **rate limit** ([`crate::middleware::rate_limit`]): GCRA per tenant; reads `Caller`; 429.
 ///    With `[shared]` the buckets are in Redis ([`crate::shared`]), checked by the request's
-///    one script on arrival: here for a tenant without a budget (with the try at the shared
-///    ceiling's lease → `Arrival`), at 6 for one with a budget; 503 `shared_state_unavailable`
-///    when Redis is away and `fail = "closed"`.
+///    one script on arrival at 6, once the body is in; here only a refusal that still stands.
 /// 4. **parse** ([`crate::middleware::parse`]): body limit (413) and JSON (400); the request
 ///    becomes `Request<Json>`.
 /// 5. **count** ([`crate::middleware::count`]): prompt tokens with the model's tokenizer and
@@ -123,7 +121,7 @@ pub fn stack(app: &App, counter: Arc<dyn TokenCounter>) -> Stack {
     let service = ServiceBuilder::new()
         .layer(RequestIdLayer::new(app.metrics.clone()))
         .layer(CheckLayer::new(Auth::new(app.policy.clone())))
-        .layer(AroundLayer::new(RateLimit::new(app.shared.clone())))
+        .layer(CheckLayer::new(RateLimit::new(app.shared.clone())))
         .layer(ParseLayer::new(app.policy.clone()))
         .layer(CountLayer::new(counter))
         .layer(CheckLayer::new(Cap::new(app.policy.clone())))

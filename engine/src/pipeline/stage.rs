@@ -77,8 +77,9 @@ impl<B: Backend> Stage<B> {
         }
     }
 
-    /// Checks a micro-batch against this stage before touching memory: rows add up, positions
-    /// are covered by block tables that fit the KV store.
+    /// Checks a micro-batch against this stage before touching memory: rows add up, every
+    /// sequence has rows, positions are covered by block tables that fit the KV store (in
+    /// `usize`: a peer's `pos + len` past `u32::MAX` must not wrap under the table).
     fn check(&self, seqs: &[SeqChunk], rows: usize) -> Result<()> {
         let n_blocks = self.state.kv_spec().n_blocks as u32;
         let total: usize = seqs.iter().map(|s| s.len as usize).sum();
@@ -88,7 +89,13 @@ impl<B: Backend> Stage<B> {
             )));
         }
         for s in seqs {
-            let need = (s.pos + s.len) as usize;
+            if s.len == 0 {
+                return Err(Error::InvalidRequest(format!(
+                    "sequence {} has no rows in the micro-batch",
+                    s.seq
+                )));
+            }
+            let need = s.pos as usize + s.len as usize;
             if s.blocks.len() * crate::kv::BLOCK_SIZE < need
                 || s.blocks.iter().any(|&b| b >= n_blocks)
             {
@@ -239,5 +246,50 @@ fn params(spec: &SampleSpec) -> SamplingParams {
         top_k: spec.top_k as usize,
         top_p: spec.top_p,
         seed: Some(spec.seed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::model::tiny::{tiny_gguf, TINY};
+    use crate::model::ModelPart;
+
+    fn stage() -> Stage<CpuBackend> {
+        let model = Llama::load(
+            Arc::new(tiny_gguf(5)),
+            Arc::new(CpuBackend::new(1)),
+            ModelPart::full(TINY.layers),
+        )
+        .expect("model");
+        Stage::new(model, 4).expect("stage")
+    }
+
+    fn chunk(len: u32, pos: u32, blocks: Vec<u32>) -> SeqChunk {
+        SeqChunk {
+            seq: 1,
+            len,
+            pos,
+            blocks,
+            sample: None,
+        }
+    }
+
+    #[test]
+    fn a_peer_s_chunks_that_do_not_fit_are_refused_not_run() {
+        let mut s = stage();
+        let d = s.model().config().d_model;
+        // pos + len past u32::MAX wrapped to 0 under an empty block table, then indexed out of
+        // the KV store.
+        let wraps = [chunk(1, u32::MAX, vec![])];
+        assert!(s.run_hidden(&wraps, &vec![0.0; d]).is_err());
+        // A sequence with no rows (one that asked for a sample underflowed its row index in
+        // `sample`, which runs after this check).
+        assert!(s.run_hidden(&[chunk(0, 0, vec![0])], &[]).is_err());
+        // What fits runs.
+        assert!(s.run_hidden(&[chunk(1, 0, vec![0])], &vec![0.0; d]).is_ok());
     }
 }

@@ -279,7 +279,9 @@ fn serve_rank<B: Backend>(
                 lock(&status).kv_blocks_used = f.kv_blocks_used;
                 match &next {
                     Some(n) => {
-                        let hidden = f32_to_le_bytes(&stage.hidden(f.rows as usize));
+                        // The rows checked against the sequences, not the header's count.
+                        let rows = f.seqs.iter().map(|s| s.len as usize).sum();
+                        let hidden = f32_to_le_bytes(&stage.hidden(rows));
                         n.send(&Message::Forward(f), &hidden)?;
                     }
                     None => {

@@ -181,15 +181,19 @@ impl Scheduler {
     }
 
     /// Moves waiting sequences to running while there is room and KV for their prompts.
+    /// The blocks a sequence admitted here will take are set aside as it is admitted, so two
+    /// prompts are never let in against the same free blocks.
     fn admit(&mut self) {
+        let mut free = self.pool.n_free();
         while self.running.len() < self.cfg.max_running {
             let Some(seq) = self.waiting.front() else {
                 break;
             };
             let need = seq.tokens.len().div_ceil(BLOCK_SIZE);
-            if need > self.pool.n_free() && !self.running.is_empty() {
+            if need > free && !self.running.is_empty() {
                 break; // new work waits for KV blocks
             }
+            free = free.saturating_sub(need);
             let mut seq = self.waiting.pop_front().expect("front exists");
             seq.scheduled_at.get_or_insert_with(std::time::Instant::now);
             self.running.push(seq);
@@ -204,10 +208,14 @@ impl Scheduler {
             .find(|&i| self.running[i].in_flight == 0);
         let Some(i) = victim else { return false };
         let mut seq = self.running.remove(i);
+        // One that holds no blocks yet (admitted, not started) frees nothing: it goes back to
+        // wait, and is not counted as preempted.
+        if !seq.table.blocks().is_empty() {
+            self.counters.preemptions += 1;
+        }
         seq.table.release(&mut self.pool);
         seq.num_scheduled = 0;
         seq.awaiting_sample = false;
-        self.counters.preemptions += 1;
         self.waiting.push_front(seq);
         true
     }

@@ -541,3 +541,32 @@ fn stop_strings_wait_for_min_tokens() {
         ("a", Some(&Progress::StopString))
     );
 }
+
+#[test]
+fn admission_sets_aside_the_blocks_of_each_prompt_it_lets_in() {
+    // 10 blocks: Z runs on 1, and two 128-token prompts (8 blocks each) wait. Only one of them
+    // fits: the other was let in against the same free blocks, "preempted" with none and
+    // counted, and held a running slot it could not use.
+    let cfg = SchedulerConfig {
+        max_running: 4,
+        max_batch_tokens: 512,
+        max_in_flight: 2,
+        kv_blocks: 10,
+    };
+    let tokenizer = Arc::new(toy_tokenizer());
+    let mut sched = Scheduler::new(cfg, tokenizer.clone());
+    let seq = |id: u64, len: usize| {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        std::mem::forget(rx);
+        super::Sequence::new(id, request(id as u32, len, 4), 0, tokenizer.clone(), tx)
+    };
+    sched.add(seq(1, 8));
+    assert!(sched.schedule().is_some(), "Z's prefill");
+    sched.add(seq(2, 8 * crate::kv::BLOCK_SIZE));
+    sched.add(seq(3, 8 * crate::kv::BLOCK_SIZE));
+    assert!(sched.schedule().is_some(), "one prompt's prefill");
+    let m = sched.metrics();
+    assert_eq!(m.num_requests_running, 2, "{m:?}");
+    assert_eq!(m.num_requests_waiting, 1, "{m:?}");
+    assert_eq!(m.preemptions_total, 0, "{m:?}");
+}

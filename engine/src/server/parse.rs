@@ -194,11 +194,26 @@ pub(super) fn sampling(o: &Obj) -> Result<Sampling, ApiError> {
     })
 }
 
-/// OpenAI's `logit_bias`: token ids (as strings) to a bias in [-100, 100].
+/// The most `logit_bias` entries a request may give (OpenAI's limit). The biases travel with
+/// every step of the sequence between ranks: a whole vocabulary of them (49,152 entries, 1.1 MB)
+/// went over the ranks' 1 MiB message header.
+pub(super) const MAX_LOGIT_BIAS: usize = 300;
+
+/// OpenAI's `logit_bias`: token ids (as strings) to a bias in [-100, 100], at most
+/// [`MAX_LOGIT_BIAS`] of them.
 fn logit_bias(o: &Obj) -> Result<Vec<(u32, f32)>, ApiError> {
     let Some(map) = o.object("logit_bias", "an object of token ids to biases")? else {
         return Ok(Vec::new());
     };
+    if map.map.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!(
+                "logit_bias: at most {MAX_LOGIT_BIAS} entries, got {}",
+                map.map.len()
+            ),
+        ));
+    }
     let mut out = Vec::with_capacity(map.map.len());
     for (k, v) in map.map {
         let path = map.path(k);

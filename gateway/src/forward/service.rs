@@ -18,6 +18,7 @@ use super::idle::IdleBody;
 use super::upstream::{Target, Upstream};
 use crate::body::GatewayBody;
 use crate::error::GatewayError;
+use crate::middleware::admission::UpstreamStart;
 use crate::middleware::auth::PRIORITY_HEADER;
 use crate::middleware::cap::{MaxTokens, MAX_TOKENS_HEADER};
 use crate::middleware::count::{PromptTokens, PROMPT_TOKENS_HEADER};
@@ -106,11 +107,18 @@ impl Service<Request<Json>> for Forward {
             let mut refused = None;
             let mut busy = None;
             let mut resent = false;
+            let upstream_start = parts.extensions.get::<UpstreamStart>();
             let (lease, resp) = loop {
                 let lease = match upstream.lease(&tried) {
                     Ok(l) => l,
                     Err(e) => return Err(busy.or(refused).unwrap_or(e)),
                 };
+                if resent || !tried.is_empty() {
+                    // A retry: the attempts before it were not the upstream's prefill.
+                    if let Some(start) = upstream_start {
+                        start.mark();
+                    }
+                }
                 let mut req = outgoing.to(&lease.target)?;
                 let conn = capture_connection(&mut req);
                 let started = Instant::now();

@@ -2,14 +2,17 @@
 //! arrival with the exact prompt count plus the `max_tokens` reserved for the completion, so
 //! concurrent requests can never overshoot it; when the response ends, the charge is lowered
 //! to the real `prompt_tokens + completion_tokens` read from the response's `usage` (when the
-//! response carries one — a stream without `include_usage` keeps the full reservation).
+//! response carries one — a whole stream without `include_usage` keeps the full reservation).
+//! An upstream's error answer generated nothing and is charged nothing; a stream the client
+//! left before its usage came is charged the prompt and the output events it was sent (one
+//! token each, [`crate::body::output`]), not the whole reservation.
 //! 429 `tokens_per_minute_exceeded` with `Retry-After`.
 //!
 //! With `[shared]`, the charges of every gateway of the deployment are kept in Redis
 //! ([`crate::shared::budget`]): one budget per tenant, charged and settled by atomic scripts.
-//! A tenant's shared rate limit is checked here too when it has a budget, in the same script as
-//! the charge (and the try at the shared ceiling's lease): one round trip on arrival
-//! ([`crate::shared::arrive`], which says why that 429 comes after counting). While Redis is unavailable,
+//! A tenant's shared rate limit is checked here too, in the same script as the charge (when it
+//! has a budget) and the try at the shared ceiling's lease: one round trip on arrival, once the
+//! body is in ([`crate::shared::arrive`], which says why that 429 comes after counting). While Redis is unavailable,
 //! `fail = "local"` takes from a local bucket and charges a local budget of the gateway's share
 //! (`requests_per_second` and `tokens_per_minute / expected_replicas`) and `fail = "closed"`
 //! refuses with 503 `shared_state_unavailable`.
@@ -191,6 +194,7 @@ impl Budget {
                 .map(|r| Rate::new(r, tenant.burst)),
             tokens: Some((budget, needed)),
             class,
+            lease: true,
         };
         let refused = |budget: u64, retry_after| GatewayError::TokenBudget {
             tenant: tenant.name.clone(),
@@ -220,14 +224,60 @@ impl Budget {
     }
 }
 
+impl Budget {
+    /// With `[shared]`, the arrival of a tenant with a rate and no budget: its rate (and the
+    /// lease's try) in the one script; while Redis is unavailable, by `fail` (the gateway's
+    /// share of the rate, counted locally).
+    async fn arrive_rated(
+        &self,
+        shared: &Arc<Shared>,
+        tenant: &Tenant,
+        rate: f64,
+        class: Class,
+    ) -> Result<Option<Arrival>, GatewayError> {
+        let ask = Ask {
+            tenant: &tenant.name,
+            rate: Some(Rate::new(rate, tenant.burst)),
+            tokens: None,
+            class,
+            lease: true,
+        };
+        match shared.arrive(&ask).await {
+            Ok(Ok(a)) => Ok(Some(a.arrival)),
+            Ok(Err(Refused::Rate(wait))) => Err(limited(tenant, wait)),
+            Ok(Err(Refused::Budget(_))) => Err(GatewayError::Internal(
+                "a budget refused, none asked".into(),
+            )),
+            Err(why) => {
+                shared.on_unavailable(why)?;
+                self.rates.take_share(tenant, shared.share())?;
+                Ok(None)
+            }
+        }
+    }
+}
+
 impl<B: Send + 'static> Around<B> for Budget {
     fn around<S: Inner<B>>(&self, mut req: Request<B>, mut inner: S) -> Answer {
         let ext = req.extensions();
         let class = Caller::class_of(ext);
         let tenant = ext.get::<Caller>().and_then(|c| c.tenant.clone());
-        let Some((tenant, budget)) = tenant.and_then(|t| t.tokens_per_minute.map(|b| (t, b)))
-        else {
+        let Some(tenant) = tenant else {
             return Box::pin(inner.call(req));
+        };
+        let Some(budget) = tenant.tokens_per_minute else {
+            return match (&self.shared, tenant.requests_per_second) {
+                (Some(shared), Some(rate)) => {
+                    let (stage, shared) = (self.clone(), shared.clone());
+                    Box::pin(async move {
+                        if let Some(a) = stage.arrive_rated(&shared, &tenant, rate, class).await? {
+                            req.extensions_mut().insert(a);
+                        }
+                        inner.call(req).await
+                    })
+                }
+                _ => Box::pin(inner.call(req)),
+            };
         };
         let prompt = ext.get::<PromptTokens>().map_or(0, |p| p.0) as u64;
         let max = ext.get::<MaxTokens>().map_or(0, |m| m.0) as u64;
@@ -245,12 +295,23 @@ impl<B: Send + 'static> Around<B> for Budget {
                 req.extensions_mut().insert(a);
             }
             let resp = inner.call(req).await?;
+            if !resp.status().is_success() {
+                // Nothing generated: `charge` goes back whole as it drops.
+                return Ok(resp);
+            }
             charge.started = true;
+            let stream = resp
+                .headers()
+                .get(http::header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
             Ok(resp.map(|b| {
                 let settle = Settle {
                     reserved: charge,
                     prompt,
                     usage: UsageScanner::default(),
+                    sent: 0,
+                    ended: false,
+                    stream,
                 };
                 TapBody::new(b, settle).boxed_unsync()
             }))
@@ -273,17 +334,34 @@ impl Drop for Reserved {
     }
 }
 
-/// Settles the charge to the usage the response carries, once it is over.
+/// Settles the charge to the usage the response carries, once it is over; to the prompt and
+/// the output events sent when the client left first.
 #[derive(Debug)]
 struct Settle {
     reserved: Reserved,
     prompt: u64,
     usage: UsageScanner,
+    /// Events (or whole answers) with generated output that went by.
+    sent: u64,
+    /// The body ended (a whole answer, or one the upstream broke off).
+    ended: bool,
+    /// An event stream (whole only when its end was read: hyper's `complete`, every byte of a
+    /// known length sent, says nothing of the events still to come).
+    stream: bool,
 }
 
 impl Tap for Settle {
     fn data(&mut self, data: &Bytes) {
         self.usage.push(data);
+        self.sent += crate::body::output::scan(data).tokens as u64;
+    }
+
+    fn ended(&mut self, _result: Result<(), &crate::body::BoxError>) {
+        self.ended = true;
+    }
+
+    fn dropped(&mut self, complete: bool) {
+        self.ended = complete && !self.stream;
     }
 }
 
@@ -291,6 +369,10 @@ impl Drop for Settle {
     fn drop(&mut self) {
         if let Some(c) = self.usage.completion_tokens() {
             self.reserved.charge.settle(self.prompt + c);
+        } else if !self.ended {
+            // The client left before the usage: what it was sent (the upstream is cancelled
+            // with the connection).
+            self.reserved.charge.settle(self.prompt + self.sent);
         }
     }
 }

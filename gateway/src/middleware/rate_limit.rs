@@ -4,14 +4,14 @@
 //!
 //! Alone, a gateway keeps its buckets in memory (`governor`). With `[shared]`, every gateway of
 //! the deployment takes from one bucket per tenant in Redis ([`crate::shared::rate`]), in the
-//! request's one script on arrival ([`crate::shared::arrive`]): here, before the body is parsed,
-//! for a tenant without a token budget (the rate and the try at the shared ceiling's lease); at
-//! the budget ([`crate::middleware::budget`]), after the prompt is counted, for a tenant with
-//! one (the rate, the charge and the lease's try). Either way a request makes one call on
-//! arrival; a refusal of Redis that still stands is answered here at once, without it. While
-//! Redis is unavailable, `fail = "local"` takes from a local bucket of the gateway's share
-//! (`requests_per_second / expected_replicas`, burst likewise, rounded up;
-//! [`RateLimit::take_share`]) and `fail = "closed"` refuses with 503 `shared_state_unavailable`.
+//! request's one script on arrival ([`crate::shared::arrive`]), which runs at the budget's stage
+//! ([`crate::middleware::budget`]) once the body is in and counted (with the budget's charge
+//! and the try at the shared ceiling's lease: a lease taken before the body was in was held by
+//! a client that stalled mid-upload). Here, with `[shared]`, only a refusal of Redis that still
+//! stands is answered, at once, without a call. While Redis is unavailable, `fail = "local"`
+//! takes from a local bucket of the gateway's share (`requests_per_second / expected_replicas`,
+//! burst likewise, rounded up; [`RateLimit::take_share`]) and `fail = "closed"` refuses with
+//! 503 `shared_state_unavailable`.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -22,13 +22,12 @@ use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use http::Request;
 
-use super::around::{Answer, Around, Inner};
 use super::auth::Caller;
 use super::check::Check;
 use crate::error::GatewayError;
 use crate::policy::validate::EXPECTED_REPLICAS_MAX;
 use crate::policy::Tenant;
-use crate::shared::{Ask, Rate, Refused, Shared};
+use crate::shared::Shared;
 
 /// The tenants' limiters, rebuilt when a reload changes a tenant's quota; with `[shared]`,
 /// the shared state whose refusals it answers.
@@ -136,47 +135,6 @@ impl<B> Check<B> for RateLimit {
             Some(wait) => Err(limited(&tenant, wait)),
             None => Ok(()),
         }
-    }
-}
-
-impl<B: Send + 'static> Around<B> for RateLimit {
-    /// The check; then with `[shared]`, for a tenant with a rate and no budget, the arrival's
-    /// script (the rate and the lease's try) before the body is parsed.
-    fn around<S: Inner<B>>(&self, mut req: Request<B>, mut inner: S) -> Answer {
-        if let Err(e) = self.check(&mut req) {
-            return Box::pin(std::future::ready(Err(e)));
-        }
-        let limited_alone = limited_tenant(&req).filter(|(t, _)| t.tokens_per_minute.is_none());
-        let (Some(shared), Some((tenant, rate))) = (self.shared.clone(), limited_alone) else {
-            return Box::pin(inner.call(req));
-        };
-        let class = Caller::class_of(req.extensions());
-        let local = self.clone();
-        Box::pin(async move {
-            let ask = Ask {
-                tenant: &tenant.name,
-                rate: Some(Rate::new(rate, tenant.burst)),
-                tokens: None,
-                class,
-            };
-            match shared.arrive(&ask).await {
-                Ok(Ok(a)) => {
-                    // The lease the arrival took (if any), for the shared ceiling's stage.
-                    req.extensions_mut().insert(a.arrival);
-                }
-                Ok(Err(Refused::Rate(wait))) => return Err(limited(&tenant, wait)),
-                Ok(Err(Refused::Budget(_))) => {
-                    return Err(GatewayError::Internal(
-                        "a budget refused, none asked".into(),
-                    ))
-                }
-                Err(why) => {
-                    shared.on_unavailable(why)?;
-                    local.take_share(&tenant, shared.share())?;
-                }
-            }
-            inner.call(req).await
-        })
     }
 }
 

@@ -263,6 +263,18 @@ fn admission_queue_depth_zero_means_no_queue() {
     assert_eq!(p.admission.queue_depth, 0);
 }
 
+refused!(
+    admission_queue_depth_over_max,
+    "[admission]\nqueue_depth = 1025",
+    "line 2, column 15: admission.queue_depth: 1025 is larger than the largest allowed, 1024"
+);
+
+#[test]
+fn admission_queue_depth_up_to_the_max_is_accepted() {
+    let p = parse("[admission]\nqueue_depth = 1024").expect("queue_depth 1024");
+    assert_eq!(p.admission.queue_depth, super::validate::QUEUE_DEPTH_MAX);
+}
+
 // --- [upstream] ---
 
 refused!(

@@ -29,6 +29,12 @@ pub const COST_MS_MAX: f64 = 3_600_000.0;
 /// stays a GCRA period a `Duration` holds (`RPS_MIN / EXPECTED_REPLICAS_MAX` is one request in
 /// ~12 days).
 pub const EXPECTED_REPLICAS_MAX: usize = 1024;
+/// The longest `admission.queue_depth`. With `predictive`, an arrival's verdict plays the whole
+/// queue forward two or three times under admission's lock, and each re-check tick once, at a
+/// cost that grows with the square of the queue: measured on the 2-core dev box, 6 ms an arrival
+/// at 512 waiters, 55 ms at 1024 (at most ~18 arrivals a second then, all tenants together),
+/// 370 ms at 4096. 1024 is twice the shipped batch example's queue.
+pub const QUEUE_DEPTH_MAX: usize = 1024;
 /// The largest `admission.fair_output_weight`.
 pub const COST_WEIGHT_MAX: f64 = 1000.0;
 /// Pipeline ranks the bundled engine can run.
@@ -218,6 +224,16 @@ fn admission(a: &Admission, l: &Limits, out: &mut Problems) {
         a.active_max,
         "nothing would ever be admitted",
     );
+    if a.queue_depth > QUEUE_DEPTH_MAX {
+        out.add(
+            "admission.queue_depth",
+            format!(
+                "{} is larger than the largest allowed, {QUEUE_DEPTH_MAX} (every arrival and \
+                 re-check predicts the whole queue under one lock)",
+                a.queue_depth
+            ),
+        );
+    }
     out.duration(
         "admission.queue_wait_max",
         a.queue_wait_max,

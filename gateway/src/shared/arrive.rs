@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::budget::{ending, Arrival, Charge, WINDOW};
+use super::budget::{Arrival, Charge, WINDOW};
 use super::finish::Finish;
 use super::rate::Rate;
 use super::scripts::ARRIVE;
@@ -31,6 +31,9 @@ pub struct Ask<'a> {
     /// The tenant's budget per minute and the tokens this request needs, if it has a budget.
     pub tokens: Option<(u64, u64)>,
     pub class: Class,
+    /// Whether to try for the shared ceiling's lease (with a free local slot): only once the
+    /// body is in, so a client that stalls mid-upload holds no shared slot.
+    pub lease: bool,
 }
 
 /// Why the arrival was refused, and when to retry.
@@ -55,7 +58,9 @@ impl Shared {
         self: &Arc<Self>,
         ask: &Ask<'_>,
     ) -> Result<Result<Arrived, Refused>, Unavailable> {
-        let lease = self.ceiling.as_ref().zip(self.local_room());
+        let lease = (ask.lease)
+            .then(|| self.ceiling.as_ref().zip(self.local_room()))
+            .flatten();
         let parts: String = [
             (ask.rate.is_some(), 'r'),
             (ask.tokens.is_some(), 'b'),
@@ -96,7 +101,18 @@ impl Shared {
                 .arg(self.settings.lease_ttl.as_millis() as u64);
         }
         let sent = Instant::now();
+        // A client that goes away while the script is on its way (or an answer lost to the
+        // bound) leaves nothing taken: what the script may have taken is given back.
+        let mut taken = Untaken {
+            shared: self.clone(),
+            tenant: ask.tenant.to_owned(),
+            id: id.clone(),
+            charge: ask.tokens.is_some(),
+            lease: lease.map(|(_, max)| max),
+        };
         let (verdict, wait, leased): (u8, u64, u8) = self.store.script("arrive", &call).await?;
+        taken.charge = false;
+        taken.lease = None;
         match (verdict, ask.rate) {
             (0, _) => {}
             (1, Some(rate)) => {
@@ -115,12 +131,48 @@ impl Shared {
             .tokens
             .map(|_| Arc::new(Finish::new(self.clone(), ask.tenant, id.clone())));
         let lease = match lease {
-            Some((_, max)) if leased == 1 => Some(ending(self.lease(id, max), finish.as_ref())),
+            Some((_, max)) if leased == 1 => Some(self.lease(id, max)),
             _ => None,
         };
         Ok(Ok(Arrived {
             charge: finish.clone().map(Charge::new),
             arrival: Arrival::new(lease, finish),
         }))
+    }
+}
+
+/// What an arrival's script may have taken until its answer is read: the budget's charge (given
+/// back by settling it to 0) and the lease. Given back in the background when dropped armed.
+struct Untaken {
+    shared: Arc<Shared>,
+    tenant: String,
+    id: String,
+    charge: bool,
+    /// The ceiling of the lease asked for.
+    lease: Option<usize>,
+}
+
+impl Drop for Untaken {
+    fn drop(&mut self) {
+        if !self.charge && self.lease.is_none() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (shared, charge, lease) = (self.shared.clone(), self.charge, self.lease);
+        let (tenant, id) = (
+            std::mem::take(&mut self.tenant),
+            std::mem::take(&mut self.id),
+        );
+        // Sent on the script's connection, after it: Redis runs them in that order.
+        rt.spawn(async move {
+            if charge {
+                let _ = shared.settle_now(&tenant, &id, 0).await;
+            }
+            if let Some(max) = lease {
+                shared.release(&id, max).await;
+            }
+        });
     }
 }

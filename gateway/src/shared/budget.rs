@@ -33,6 +33,8 @@ impl Charge {
 
 /// What the arrival leaves in the request for the shared ceiling's layer: the lease taken on
 /// arrival (if any), and the charge's end that the request's lease joins (if it has a budget).
+/// A lease not taken goes back at once when given back ([`Self::give_back_lease`]: the request
+/// has to wait for its local slot) or when the last clone is dropped.
 #[derive(Clone, Debug)]
 pub struct Arrival {
     lease: Arc<Mutex<Option<Lease>>>,
@@ -47,9 +49,20 @@ impl Arrival {
         }
     }
 
-    /// The lease taken on arrival, once.
+    /// The lease taken on arrival, once, joined to the charge's end.
     pub fn take_lease(&self) -> Option<Lease> {
-        self.lease.lock().unwrap_or_else(|e| e.into_inner()).take()
+        let lease = self
+            .lease
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()?;
+        Some(self.join(lease))
+    }
+
+    /// Gives the lease taken on arrival back now: the request waits for its local slot, and
+    /// the shared ceiling's stage takes a lease again once it has one.
+    pub fn give_back_lease(&self) {
+        drop(self.lease.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 
     /// Makes `lease` go back with the charge's settle, when there is a charge.

@@ -1,6 +1,7 @@
 //! The local ceiling in force: the upstream's own capacity (replicas up and not saturated),
 //! and, with `[shared] fail = "local"` while Redis is away, the gateway's share of the
-//! deployment's `active_max` (`active_max / expected_replicas`, at least 1).
+//! deployment's `active_max` (`active_max / expected_replicas`, at least 1), recomputed when
+//! either changes and when a reload changes `active_max`.
 
 use std::sync::Arc;
 
@@ -11,7 +12,8 @@ use crate::middleware::admission::Admission;
 use crate::policy::{PolicyStore, SharedFail};
 
 /// Keeps `admission`'s capacity at the lower of the upstream's and the fallback share, as
-/// either changes. Without a shared ceiling it follows the upstream alone, as before.
+/// either changes (the upstream's capacity, Redis's health, the policy's `active_max`).
+/// Without a shared ceiling it follows the upstream alone, as before.
 pub fn follow(
     admission: &Arc<Admission>,
     policy: Arc<PolicyStore>,
@@ -24,9 +26,11 @@ pub fn follow(
     }
     let mut upstream = upstream;
     let mut health = shared.as_ref().map(|s| s.health().subscribe());
+    let mut reloads = policy.subscribe();
     let follower = Arc::downgrade(admission);
     tokio::spawn(async move {
         loop {
+            reloads.mark_unchanged();
             let from_upstream = upstream.as_mut().and_then(|c| *c.borrow_and_update());
             let up = health.as_mut().is_none_or(|h| *h.borrow_and_update());
             let fallback = match &shared {
@@ -45,14 +49,22 @@ pub fn follow(
                 None => break,
             }
             let changed = async {
-                match (upstream.as_mut(), health.as_mut()) {
-                    (Some(u), Some(h)) => tokio::select! {
-                        r = u.changed() => r.is_ok(),
-                        r = h.changed() => r.is_ok(),
-                    },
-                    (Some(u), None) => u.changed().await.is_ok(),
-                    (None, Some(h)) => h.changed().await.is_ok(),
-                    (None, None) => false,
+                let upstream = async {
+                    match upstream.as_mut() {
+                        Some(u) => u.changed().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                };
+                let health = async {
+                    match health.as_mut() {
+                        Some(h) => h.changed().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    r = upstream => r,
+                    r = health => r,
+                    r = reloads.changed() => r.is_ok(),
                 }
             };
             if !changed.await {

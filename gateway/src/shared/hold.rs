@@ -15,7 +15,7 @@ use tower::ServiceExt;
 use super::{Arrival, Lease, Shared};
 use crate::body::{BoxError, GatewayBody, Tap, TapBody};
 use crate::error::GatewayError;
-use crate::middleware::admission::{Admission, QueueTime};
+use crate::middleware::admission::{Admission, QueueTime, UpstreamStart};
 use crate::middleware::around::{Answer, Around, Inner};
 use crate::middleware::auth::Caller;
 use crate::policy::PolicyStore;
@@ -86,6 +86,10 @@ impl<B: Send + 'static> Around<B> for SharedCeiling {
                 Err(e) => return Err(e),
             };
             let waited = started.elapsed();
+            // The time held here was not the upstream's: its prefill is timed from now.
+            if let Some(start) = req.extensions().get::<UpstreamStart>() {
+                start.mark();
+            }
             held(inner.oneshot(req).await?, lease, waited)
         })
     }

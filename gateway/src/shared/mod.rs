@@ -31,6 +31,8 @@ pub mod health;
 pub mod hold;
 pub mod keys;
 pub mod rate;
+#[cfg(test)]
+mod redis_tests;
 mod scripts;
 pub mod store;
 #[cfg(test)]

@@ -35,3 +35,85 @@ pub fn refused(shared: &Shared, tenant: &str, per_second: f64, burst: u32, wait:
         .refusals
         .note(tenant, rate, tokio::time::Instant::now() + wait);
 }
+
+/// A `redis-server` of the test's own on a free loopback port (`--save '' --appendonly no`),
+/// killed when dropped. `None` (and a note) when none is installed, unless
+/// `SLUICE_REQUIRE_REDIS=1`, which makes that a failure (as in `tests/e2e/shared.rs`).
+pub struct RealRedis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl RealRedis {
+    pub async fn start() -> Option<Self> {
+        let bin = ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+            .iter()
+            .map(std::path::PathBuf::from)
+            .find(|p| p.exists());
+        let Some(bin) = bin else {
+            assert!(
+                std::env::var("SLUICE_REQUIRE_REDIS").as_deref() != Ok("1"),
+                "SLUICE_REQUIRE_REDIS=1 but redis-server is not installed"
+            );
+            eprintln!("redis-server not installed: skipping");
+            return None;
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = std::process::Command::new(bin)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        let redis = Self { child, port };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let client = redis::Client::open(redis.url()).expect("redis url");
+            if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+                if redis::cmd("PING").query_async::<()>(&mut c).await.is_ok() {
+                    return Some(redis);
+                }
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "redis-server on port {port} did not answer PING"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A connection of the test's own, to look inside (or to pause Redis).
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to redis")
+    }
+
+    /// [`unreachable_policy`] on this Redis under `prefix`, with a bound no call of a loaded
+    /// machine reaches and leases that outlast the test.
+    pub fn policy(&self, prefix: &str) -> Policy {
+        let mut p = unreachable_policy(SharedFail::Local);
+        p.shared.redis_url = Some(self.url());
+        p.shared.prefix = prefix.into();
+        p.shared.timeout = Duration::from_secs(2);
+        p.shared.lease_ttl = Duration::from_secs(60);
+        p
+    }
+}
+
+impl Drop for RealRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

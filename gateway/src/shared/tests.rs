@@ -91,3 +91,23 @@ async fn a_bundled_engine_keeps_its_ceiling_local() {
 fn off_without_a_redis_url() {
     assert!(Shared::start(&Policy::default()).expect("valid").is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn fail_local_follows_a_reload_of_active_max_while_redis_is_away() {
+    let p = unreachable_policy(SharedFail::Local);
+    let shared = unreachable(SharedFail::Local);
+    let policy = store(&p);
+    let admission = Admission::new(Limits::from(&p.admission));
+    capacity::follow(&admission, policy.clone(), None, Some(shared.clone()));
+    settle().await;
+    assert_eq!(admission.snapshot().active_max, 2, "4 slots / 2 replicas");
+    // A reload halves the deployment's ceiling while Redis is still away: so does the share.
+    let mut lower = p.clone();
+    lower.admission.active_max = 2;
+    let mut loaded = LoadedPolicy::defaults();
+    loaded.policy = lower;
+    policy.replace(loaded);
+    settle().await;
+    assert!(!shared.health().is_up());
+    assert_eq!(admission.snapshot().active_max, 1, "2 slots / 2 replicas");
+}

@@ -20,7 +20,7 @@ use sluice_gateway::policy::{Policy, SharedFail, UpstreamKind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::{chat, h2_connection, policy, tenant, Gateway, ScriptedUpstream};
+use crate::common::{certs, chat, h2_connection, policy, tenant, Gateway, ScriptedUpstream};
 
 // ---------------------------------------------------------------------------------------------
 // The real Redis.
@@ -501,6 +501,82 @@ async fn a_token_budget_shared_by_two_gateways_stays_within_five_percent() {
     assert_eq!(left, 0, "leases left in Redis after every request ended");
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// Sends a chat request's headers and half its body over TLS (HTTP/1.1), then stalls: the
+/// connection, kept open.
+async fn half_sent(addr: SocketAddr, key: &str) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut cfg = (*sluice_gateway::tls::client_config(&certs().ca_cert).expect("cfg")).clone();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    tcp.set_nodelay(true).expect("nodelay");
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(name, tcp)
+        .await
+        .expect("handshake");
+    let body = chat().to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n\
+         content-type: application/json\r\nauthorization: Bearer {key}\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(head.as_bytes()).await.expect("headers");
+    tls.write_all(&body.as_bytes()[..body.len() / 2])
+        .await
+        .expect("half the body");
+    tls.flush().await.expect("flush");
+    tls
+}
+
+#[tokio::test]
+async fn stalled_uploads_hold_no_shared_slot() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let up = instant_upstream(2).await;
+    let mut p = shared_policy(&redis, "stall", vec![up.url.clone()], 2);
+    p.admission.queue_wait_max = Duration::from_secs(3);
+    let mut t = tenant("dave", "sk-dave");
+    t.requests_per_second = Some(1000.0);
+    t.burst = 100;
+    p.tenants = vec![t];
+    let gw = Gateway::start_replicas(p).await;
+    assert!(
+        gw.app
+            .shared
+            .as_ref()
+            .expect("shared")
+            .wait_up(Duration::from_secs(5))
+            .await
+    );
+    // Two clients send half their bodies and stall, past the rate limit's check, with both of
+    // the deployment's slots free.
+    let stalled = [
+        half_sent(gw.addr, "sk-dave").await,
+        half_sent(gw.addr, "sk-dave").await,
+    ];
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A whole request gets a slot at once: the stalled ones hold none, local or shared.
+    let mut send = h2_connection(gw.addr).await;
+    let started = Instant::now();
+    let (status, text, _) = h2_post(&mut send, gw.addr, Some("sk-dave"), &chat()).await;
+    let took = started.elapsed();
+    eprintln!("two stalled uploads: a whole request answered {status} after {took:?}");
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(
+        took < Duration::from_secs(1),
+        "{took:?}: it waited for a shared slot"
+    );
+    assert_eq!(
+        leases_left(&redis, "stall").await,
+        0,
+        "a stalled upload holds a shared slot"
+    );
+    all_shared([&gw, &gw]).await;
+    drop(stalled);
+    gw.shutdown().await;
 }
 
 /// `command`'s calls Redis answered since its stats were last reset (`INFO commandstats`:

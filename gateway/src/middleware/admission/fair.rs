@@ -2,7 +2,11 @@
 //! Sheng et al., OSDI '24). A tenant's counter grows by the prompt tokens of each request it is
 //! granted and by `fair_output_weight` per output token it is served; a class's waiters are
 //! granted the least-served tenant's first. A tenant that comes back after being idle starts at
-//! the lowest counter among the tenants waiting or running, so idling banks no credit.
+//! the lowest counter among the tenants waiting or running, or, when none is (the class is
+//! idle), at the highest counter of the class: where the class left off when it went idle, since
+//! only a tenant waiting or running is ever charged. Idling banks no credit either way: before
+//! 2026-12-04, a tenant arriving in an idle class kept its old counter, so one that had been away
+//! while another was served alone was preferred to it for as long as it kept a request queued.
 //!
 //! Slots are held for a whole response, so ordering alone cannot help a tenant that arrives
 //! when another holds them all: while another tenant of the class was seen in the last
@@ -60,18 +64,29 @@ impl Fairness {
     }
 
     /// `tenant` starts being backlogged in `class` while `active` tenants (waiting or running
-    /// there) are: it is lifted to their lowest counter.
+    /// there) are: it is lifted to their lowest counter; with none, to [`Self::idle_floor`].
     pub fn lift<'a>(&mut self, class: Class, tenant: &str, active: impl Iterator<Item = &'a str>) {
         let floor = active
             .map(|t| self.counter(class, t))
-            .fold(None, |m: Option<f64>, c| Some(m.map_or(c, |m| m.min(c))));
-        if let Some(floor) = floor {
-            let c = self
-                .counters
-                .entry((class, tenant.to_owned()))
-                .or_insert(0.0);
-            *c = c.max(floor);
-        }
+            .fold(None, |m: Option<f64>, c| Some(m.map_or(c, |m| m.min(c))))
+            .unwrap_or_else(|| self.idle_floor(class));
+        let c = self
+            .counters
+            .entry((class, tenant.to_owned()))
+            .or_insert(0.0);
+        *c = c.max(floor);
+    }
+
+    /// Where `class` left off when it last went idle: the highest counter in it. Counters grow
+    /// only while their tenant waits or runs, so none has moved since. (VTC takes the counter of
+    /// the last tenant to leave; the highest needs no record of who that was, and is never
+    /// below it.)
+    fn idle_floor(&self, class: Class) -> f64 {
+        self.counters
+            .iter()
+            .filter(|((c, _), _)| *c == class)
+            .map(|(_, v)| *v)
+            .fold(0.0, f64::max)
     }
 
     /// `tenant` was served `tokens` (prompt tokens, or weighted output tokens).
@@ -100,5 +115,22 @@ mod tests {
         assert_eq!(f.counter(Class::Batch, "a"), 0.0);
         f.lift(Class::Batch, "z", std::iter::empty());
         assert_eq!(f.counter(Class::Batch, "z"), 0.0);
+    }
+
+    #[test]
+    fn a_tenant_arriving_in_an_idle_class_starts_where_it_left_off() {
+        let mut f = Fairness::default();
+        f.charge(Class::Interactive, "a", 200_000.0);
+        f.charge(Class::Interactive, "b", 150_000.0);
+        f.charge(Class::Batch, "z", 9e9);
+        // Nobody waits or runs: "c" (never seen) and "b" start at the class's highest counter.
+        f.lift(Class::Interactive, "c", std::iter::empty());
+        assert_eq!(f.counter(Class::Interactive, "c"), 200_000.0);
+        f.lift(Class::Interactive, "b", std::iter::empty());
+        assert_eq!(f.counter(Class::Interactive, "b"), 200_000.0);
+        // Never lowered.
+        f.charge(Class::Interactive, "c", 1.0);
+        f.lift(Class::Interactive, "c", std::iter::empty());
+        assert_eq!(f.counter(Class::Interactive, "c"), 200_001.0);
     }
 }

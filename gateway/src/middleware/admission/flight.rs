@@ -20,6 +20,9 @@ pub(super) struct Flight {
     /// Arrival at admission, and the slot's grant.
     pub arrived: Instant,
     pub granted: Instant,
+    /// When the upstream had it ([`super::Permit::upstream_started`]), if marked: time held at
+    /// the shared ceiling or in forward's retries after the grant is not prefill.
+    pub started: Option<Instant>,
     /// Predicted on arrival: arrival → first token.
     pub predicted: Duration,
     /// Predicted at the grant: grant → first token, and the own prefill within it (s).
@@ -42,5 +45,10 @@ impl Flight {
     /// Tokens of context it holds in the upstream now.
     pub fn context(&self) -> usize {
         self.prompt + self.tokens
+    }
+
+    /// When its upstream time started: the mark, or else the grant.
+    pub fn upstream_from(&self) -> Instant {
+        self.started.unwrap_or(self.granted)
     }
 }

@@ -34,7 +34,7 @@ mod tests;
 
 pub use layer::AdmissionLayer;
 pub use predictive::PredictionView;
-pub use queue::{Admission, Limits, Permit, Snapshot, Ticket};
+pub use queue::{Admission, Limits, Permit, Snapshot, Ticket, UpstreamStart};
 pub use service::{
     Admit, QueueTime, DEADLINE_MS_HEADER, PREDICTED_TTFT_MS_HEADER, QUEUE_MS_HEADER,
 };

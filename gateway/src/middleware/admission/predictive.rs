@@ -107,7 +107,7 @@ impl State {
                     Some(_) => 0.0,
                     None if !started => {
                         started = true;
-                        let from = f.granted.max(self.prefill_ended);
+                        let from = f.upstream_from().max(self.prefill_ended);
                         let spent = now.saturating_duration_since(from).as_secs_f64();
                         let late = (spent - own).max(0.0);
                         (own - spent)
@@ -232,22 +232,30 @@ impl State {
         })
     }
 
-    /// Waiter `id`'s answer once its prediction misses its deadline (under the limits in
-    /// force: a reload applies at the next re-check).
-    pub(super) fn recheck(&self, id: u64) -> Option<GatewayError> {
-        if !self.limits.predictive {
+    /// The first waiter (in queue order) whose prediction now misses its deadline, under the
+    /// limits in force (a reload applies at the next re-check), and its answer: one prediction
+    /// of the whole queue.
+    pub(super) fn first_missed(&self) -> Option<(usize, GatewayError)> {
+        if !self.limits.predictive || self.waiters.is_empty() {
             return None;
         }
-        let i = self.waiters.iter().position(|w| w.id == id)?;
-        let w = &self.waiters[i];
-        let deadline = self.deadline(&w.ticket);
-        let left = secs(self.first_tokens(None)[i]);
-        let predicted = w.arrived.elapsed() + left;
-        (predicted > deadline)
-            .then(|| unmeetable(&w.ticket, predicted, deadline, predicted - deadline))
+        let left = self.first_tokens(None);
+        self.waiters
+            .iter()
+            .zip(left)
+            .enumerate()
+            .find_map(|(i, (w, left))| {
+                let deadline = self.deadline(&w.ticket);
+                let predicted = w.arrived.elapsed() + secs(left);
+                (predicted > deadline).then(|| {
+                    let err = unmeetable(&w.ticket, predicted, deadline, predicted - deadline);
+                    (i, err)
+                })
+            })
     }
 
-    /// `ticket`'s tenant starts waiting or running in its class: lifted to the others' floor.
+    /// `ticket`'s tenant starts waiting or running in its class: lifted to the others' floor, or
+    /// to where the class left off when nobody else waits or runs there ([`super::fair`]).
     pub(super) fn backlogged(&mut self, ticket: &Ticket) {
         let class = ticket.class;
         let tenant = &*ticket.tenant;
@@ -303,6 +311,7 @@ impl State {
                 stream: ticket.stream,
                 arrived,
                 granted: now,
+                started: None,
                 predicted,
                 predicted_upstream,
                 own_prefill,
@@ -315,6 +324,37 @@ impl State {
                 prefill_clock_at_first: Duration::ZERO,
             },
         );
+    }
+
+    /// The upstream has flight `id` now: its upstream time is taken from here, and what was
+    /// predicted of it at the grant is predicted again as of now (behind the flights, as if
+    /// granted now), so the prefill fit learns from the upstream's time alone. Before
+    /// 2026-12-04 the time from the grant counted, and a wait at the shared ceiling or a 503
+    /// retried by forward was learned as prefill. Ignored after the first token.
+    pub(super) fn upstream_started(&mut self, id: u64) {
+        let Some(mut f) = self.flights.remove(&id) else {
+            return;
+        };
+        if f.first.is_none() {
+            let ticket = Ticket {
+                class: f.class,
+                prompt_tokens: f.prompt,
+                tenant: f.tenant.clone(),
+                max_tokens: f.max_tokens,
+                deadline: None,
+                stream: f.stream,
+            };
+            let alone = Newcomer {
+                ticket: &ticket,
+                heavy: f.heavy,
+                yields_to: None,
+            };
+            f.predicted_upstream = self.first_token_granted(&alone);
+            f.context_at_grant = self.flights.values().map(Flight::context).sum();
+            f.own_prefill = self.model.prefill(f.prompt, f.context_at_grant);
+            f.started = Some(Instant::now());
+        }
+        self.flights.insert(id, f);
     }
 
     /// Flight `id`'s first token: out of the prefill budget (and the heavy lane), and the
@@ -339,7 +379,9 @@ impl State {
             return None;
         }
         let f = f.clone();
-        let upstream = now.saturating_duration_since(f.granted).as_secs_f64();
+        let upstream = now
+            .saturating_duration_since(f.upstream_from())
+            .as_secs_f64();
         let prefill = (f.own_prefill + upstream - f.predicted_upstream).max(0.0);
         self.model
             .observe_prefill(f.prompt, f.context_at_grant, prefill);

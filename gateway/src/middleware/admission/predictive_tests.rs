@@ -436,3 +436,58 @@ async fn the_cost_model_refits_from_observed_streams() {
         "{last:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn prefill_is_timed_from_when_the_upstream_started() {
+    let mut l = limits(1);
+    l.cost.refit = true;
+    let adm = Admission::new(l);
+    let a = acquire(adm.clone(), ticket("a", 500)).await.expect("slot");
+    // 5 s at the shared ceiling (or in forward's retries) before the upstream has it, then
+    // the seed's own 0.5 s of prefill.
+    tokio::time::advance(Duration::from_secs(5)).await;
+    a.permit.upstream_started();
+    tokio::time::advance(Duration::from_millis(500)).await;
+    a.permit.first_token();
+    let p = adm.prediction().parameters;
+    assert_eq!(p.prefill_observations, 1);
+    let prefill_500 = p.prefill[0] + 0.5 * p.prefill[1] + 0.25 * p.prefill[2];
+    assert!((prefill_500 - 0.5).abs() < 0.01, "{p:?}");
+    drop(a);
+}
+
+#[tokio::test(start_paused = true)]
+async fn evicting_the_batch_waiter_a_waiter_yields_to_lets_it_in_at_once() {
+    let mut l = limits(2);
+    l.queue_depth = 2;
+    l.batch_ttft_deadline = Duration::from_millis(750);
+    let adm = Admission::new(l);
+    let _running = acquire(adm.clone(), ticket("a", 100)).await.expect("slot");
+    // Batch never takes the last slot: it waits for the running request to end (~0.7 s to
+    // its first token, within 750 ms).
+    let mut b = spawn(
+        &adm,
+        Ticket {
+            class: Class::Batch,
+            ..ticket("a", 100)
+        },
+    );
+    settle().await;
+    // Taking the free slot now would push the batch waiter past its deadline: it yields.
+    let mut i1 = spawn(&adm, ticket("a", 100));
+    settle().await;
+    assert!(b.try_recv().is_err() && i1.try_recv().is_err());
+    assert_eq!(adm.snapshot().queued_batch, 1);
+    assert_eq!(adm.snapshot().queued_interactive, 1);
+    // An interactive arrival at the full queue evicts the batch waiter: the one that yielded to
+    // it may run now, without waiting for a re-check tick.
+    let _i2 = spawn(&adm, ticket("a", 100));
+    settle().await;
+    assert!(matches!(
+        b.try_recv(),
+        Ok(Err(GatewayError::Overloaded { .. }))
+    ));
+    let granted = i1.try_recv().expect("granted at once").expect("slot");
+    assert_eq!(adm.snapshot().active, 2);
+    drop(granted);
+}

@@ -28,7 +28,7 @@
 //! plays forward too.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -164,7 +164,7 @@ pub(super) struct State {
     pub(super) history: History,
     /// Output tokens generated as a share of `max_tokens`, averaged over recent streams.
     pub(super) output_share: f64,
-    /// When a re-check tick last dispatched the queue.
+    /// When a re-check tick last re-checked (and dispatched) the queue.
     swept: Instant,
 }
 
@@ -193,7 +193,7 @@ pub struct Permit {
 }
 
 impl Permit {
-    /// When the slot was granted (the start of upstream time).
+    /// When the slot was granted.
     pub fn granted_at(&self) -> Instant {
         self.granted_at
     }
@@ -224,10 +224,48 @@ impl Permit {
         pair
     }
 
+    /// The upstream has the request now (after the shared ceiling's lease, or at a retry): its
+    /// prefill is timed from here, not from the grant ([`Self::upstream_start`] for a stage
+    /// that only has the request). The latest mark before the first token counts.
+    pub fn upstream_started(&self) {
+        if let Some(admission) = &self.admission {
+            admission.lock().upstream_started(self.id);
+        }
+    }
+
+    /// A handle that marks [`Self::upstream_started`] for this permit, for the stages below
+    /// admission (the admission service puts one in the request's extensions).
+    pub fn upstream_start(&self) -> UpstreamStart {
+        UpstreamStart {
+            admission: self
+                .admission
+                .as_ref()
+                .map_or_else(Weak::new, Arc::downgrade),
+            id: self.id,
+        }
+    }
+
     /// `n` more output tokens went by.
     pub fn tokens(&self, n: usize) {
         if let Some(admission) = &self.admission {
             admission.lock().tokens(self.id, n);
+        }
+    }
+}
+
+/// Marks when the upstream started on a granted request ([`Permit::upstream_started`]): a
+/// request extension from the admission service, for the stages between it and the upstream
+/// (the shared ceiling marks once it holds its lease). Once the permit is gone, a no-op.
+#[derive(Clone, Debug)]
+pub struct UpstreamStart {
+    admission: Weak<Admission>,
+    id: u64,
+}
+
+impl UpstreamStart {
+    pub fn mark(&self) {
+        if let Some(admission) = self.admission.upgrade() {
+            admission.lock().upstream_started(self.id);
         }
     }
 }
@@ -242,15 +280,39 @@ impl Drop for Permit {
     }
 }
 
+/// Wakes nothing. A caller that never parks on a Pending `poll_ready` polls with it
+/// ([`super::Shed`]), and [`Admission::accepting`] keeps no copy of it; before 2026-12-04 the
+/// task's waker of every request shed was kept until the next dispatch.
+struct NeverParked;
+
+impl std::task::Wake for NeverParked {
+    fn wake(self: Arc<Self>) {}
+}
+
+static NEVER_PARKED: std::sync::LazyLock<Arc<NeverParked>> =
+    std::sync::LazyLock::new(|| Arc::new(NeverParked));
+
+/// The waker of a caller that never parks (known by its data pointer: comparing wakers'
+/// vtables, as `will_wake` does, is not reliable for a const one such as `Waker::noop`).
+pub(super) fn never_parked() -> std::task::Waker {
+    std::task::Waker::from(NEVER_PARKED.clone())
+}
+
+fn is_never_parked(waker: &std::task::Waker) -> bool {
+    std::ptr::eq(waker.data(), Arc::as_ptr(&NEVER_PARKED).cast::<()>())
+}
+
 /// The outcome of an arrival.
 #[derive(Debug)]
 pub enum Arrival {
     Granted(Permit),
-    /// In the queue: await the receiver (with the deadline), or [`Admission::leave`].
+    /// In the queue since `arrived`: await the receiver (until `arrived` +
+    /// [`Admission::queue_wait_max`], read again at each re-check: a reload applies to the
+    /// waiters too), or [`Admission::leave`].
     Queued {
         id: u64,
         rx: oneshot::Receiver<Result<Permit, GatewayError>>,
-        deadline: Instant,
+        arrived: Instant,
     },
 }
 
@@ -325,13 +387,15 @@ impl Admission {
     }
 
     /// Whether an arrival could be queued or granted now (`poll_ready`'s answer): a free
-    /// slot, a free queue place, or a batch waiter an interactive arrival may evict.
+    /// slot, a free queue place, or a batch waiter an interactive arrival may evict. When not,
+    /// `waker` is woken at the next change (tower's contract for a Pending `poll_ready`), unless
+    /// it is [`never_parked`]'s: [`super::Shed`] asks with that, since it never parks.
     pub fn accepting(&self, waker: &std::task::Waker) -> bool {
         let mut st = self.lock();
         let ok = st.active < st.active_max()
             || st.waiters.len() < st.limits.queue_depth
             || st.waiters.iter().any(|w| w.class == Class::Batch);
-        if !ok && !st.ready_wakers.iter().any(|w| w.will_wake(waker)) {
+        if !ok && !is_never_parked(waker) && !st.ready_wakers.iter().any(|w| w.will_wake(waker)) {
             st.ready_wakers.push(waker.clone());
         }
         ok
@@ -356,6 +420,7 @@ impl Admission {
                 st.grant(self, &ticket, heavy, arrived, predicted),
             ));
         }
+        let mut evicted = false;
         if st.waiters.len() >= st.limits.queue_depth {
             let evict = match ticket.class {
                 Class::Interactive => st.waiters.iter().rposition(|w| w.class == Class::Batch),
@@ -365,6 +430,7 @@ impl Admission {
                 Some(w) => {
                     let err = st.overloaded(Class::Batch);
                     let _ = w.tx.send(Err(err));
+                    evicted = true;
                 }
                 None => return Err(st.overloaded(ticket.class)),
             }
@@ -372,40 +438,60 @@ impl Admission {
         let (tx, rx) = oneshot::channel();
         let id = st.next_id;
         st.next_id += 1;
+        let arrived = Instant::now();
         st.waiters.push_back(Waiter {
             id,
             class: ticket.class,
             heavy,
             ticket,
-            arrived: Instant::now(),
+            arrived,
             predicted,
             yields_to: judged.yields_to,
             tx,
         });
-        Ok(Arrival::Queued {
-            id,
-            rx,
-            deadline: Instant::now() + st.limits.queue_wait_max,
-        })
+        if evicted {
+            // A waiter gone: the ones that yielded to it, or that batch held off the last slot,
+            // may run now, not at their next re-check tick (the arrival too, in its turn).
+            st.dispatch(self);
+        }
+        Ok(Arrival::Queued { id, rx, arrived })
     }
 
-    /// Re-checks waiter `id`'s deadline: `Some(deadline_unmeetable)` (and out of the queue)
-    /// once its prediction misses it. Otherwise the tick dispatches the queue (at most once per
-    /// [`RECHECK_EVERY`] whoever ticks) while a slot is free: a waiter held back by a tenant
-    /// whose presence has since lapsed may run now.
-    pub fn recheck(self: &Arc<Self>, id: u64) -> Option<GatewayError> {
+    /// The longest wait for a slot under the limits in force.
+    pub fn queue_wait_max(&self) -> Duration {
+        self.lock().limits.queue_wait_max
+    }
+
+    /// A waiter's re-check tick; at most once per [`RECHECK_EVERY`], whoever ticks, it re-checks
+    /// the whole queue: one prediction refuses every waiter that now misses its deadline
+    /// (`deadline_unmeetable`, through its channel: it leaves the queue), and while a slot is
+    /// free the queue is dispatched (a waiter held back by a tenant whose presence has since
+    /// lapsed may run now). Each waiter ticks every [`RECHECK_EVERY`], so every one is re-checked
+    /// at least that often. Before 2026-12-04 every waiter's tick ran its own prediction of the
+    /// whole queue: with 512 waiters, 1.5 s of work under the lock every 250 ms.
+    pub fn recheck(self: &Arc<Self>) {
         let mut st = self.lock();
-        if let Some(err) = st.recheck(id) {
-            st.waiters.retain(|w| w.id != id);
-            st.dispatch(self);
-            return Some(err);
-        }
         let now = Instant::now();
-        if st.active < st.active_max() && now.duration_since(st.swept) >= RECHECK_EVERY {
-            st.swept = now;
+        if now.duration_since(st.swept) < RECHECK_EVERY {
+            return;
+        }
+        st.swept = now;
+        let mut refused = false;
+        // In queue order, predicted again after each refusal (the ones behind it may meet now).
+        while let Some((i, err)) = st.first_missed() {
+            if let Some(w) = st.waiters.remove(i) {
+                let _ = w.tx.send(Err(err));
+            }
+            refused = true;
+        }
+        if refused || st.active < st.active_max() {
             st.dispatch(self);
         }
-        None
+    }
+
+    #[cfg(test)]
+    pub(super) fn ready_wakers(&self) -> usize {
+        self.lock().ready_wakers.len()
     }
 
     /// The cost model's coefficients, the prediction error and the recent pairs.
@@ -464,15 +550,26 @@ impl State {
             .map_or(self.limits.active_max, |c| c.min(self.limits.active_max))
     }
 
+    /// Whether an interactive waiter could be granted before batch ([`interactive_waiting`]).
+    fn interactive_waiting(&self) -> bool {
+        let order: Vec<Place> = self.waiters.iter().map(|w| self.place(w)).collect();
+        interactive_waiting(&order)
+    }
+
     /// Whether `ticket` may take a slot and its prompt's prefill tokens now (the rule of
     /// [`crate::predict::gate`]).
     pub(super) fn may_run(&self, ticket: &Ticket, heavy: bool) -> bool {
-        let order: Vec<Place> = self.waiters.iter().map(|w| self.place(w)).collect();
+        self.may_run_beside(ticket, heavy, self.interactive_waiting())
+    }
+
+    /// [`Self::may_run`], given whether an interactive waiter could be granted before batch
+    /// (the same for every waiter of one dispatch round: computed once, not once per waiter).
+    fn may_run_beside(&self, ticket: &Ticket, heavy: bool, interactive_waiting: bool) -> bool {
         let held = Held {
             active: self.active,
             heavy_prefilling: self.heavy_active,
             prefill_tokens: self.prefill_tokens,
-            interactive_waiting: interactive_waiting(&order),
+            interactive_waiting,
         };
         let (slots, prefill_tokens) = self
             .flights
@@ -536,10 +633,14 @@ impl State {
     /// first, then batch; within a class the least-served tenant first, FIFO within a tenant.
     fn dispatch(&mut self, admission: &Arc<Admission>) {
         loop {
+            let interactive_waiting = self.interactive_waiting();
             let places: Vec<(Place, bool)> = self
                 .waiters
                 .iter()
-                .map(|w| (self.place(w), self.may_run(&w.ticket, w.heavy)))
+                .map(|w| {
+                    let may = self.may_run_beside(&w.ticket, w.heavy, interactive_waiting);
+                    (self.place(w), may)
+                })
                 .collect();
             let next = next_granted(&places);
             let Some(w) = next.and_then(|i| self.waiters.remove(i)) else {

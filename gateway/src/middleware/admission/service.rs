@@ -9,7 +9,7 @@ use tower::{Service, ServiceExt};
 
 use super::queue::{Admission, Ticket};
 use super::slot::slot_body;
-use super::wait::acquire;
+use super::wait::acquire_or;
 use crate::body::GatewayBody;
 use crate::error::GatewayError;
 use crate::middleware::auth::Caller;
@@ -120,7 +120,15 @@ where
             if let Some(r) = &record {
                 r.queue_entered(admission.queued());
             }
-            let admitted = match acquire(admission, ticket).await {
+            // A lease on the shared ceiling that the arrival took goes back while the request
+            // waits here: the shared ceiling's stage takes one once the local slot is granted.
+            let arrival = req.extensions().get::<crate::shared::Arrival>().cloned();
+            let queued = move || {
+                arrival
+                    .iter()
+                    .for_each(crate::shared::Arrival::give_back_lease)
+            };
+            let admitted = match acquire_or(admission, ticket, queued).await {
                 Ok(a) => a,
                 Err(e) => {
                     metrics.queue_wait.observe(arrived.elapsed());
@@ -138,6 +146,9 @@ where
             if let Some(r) = &record {
                 req.extensions_mut().insert(UpstreamTrace(r.granted()));
             }
+            // For the stages below that hold the request before the upstream has it.
+            req.extensions_mut()
+                .insert(admitted.permit.upstream_start());
             let resp = inner.oneshot(req).await?;
             let (mut parts, body) = resp.into_parts();
             parts.headers.insert(

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::Service;
 
-use super::queue::Admission;
+use super::queue::{never_parked, Admission};
 use crate::body::GatewayBody;
 use crate::error::GatewayError;
 use crate::middleware::auth::Caller;
@@ -41,8 +41,13 @@ where
     type Error = GatewayError;
     type Future = BoxFuture<Result<Response<GatewayBody>, GatewayError>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
-        match self.inner.poll_ready(cx) {
+    /// Always ready, so it never has to arrange a wake: the inner service is asked with a waker
+    /// that does nothing ([`never_parked`]), of which admission keeps no copy (before 2026-12-04
+    /// it kept the task's waker of every request shed, until the next dispatch).
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        let waker = never_parked();
+        let mut cx = Context::from_waker(&waker);
+        match self.inner.poll_ready(&mut cx) {
             Poll::Pending => {
                 self.shed = true;
                 Poll::Ready(Ok(()))

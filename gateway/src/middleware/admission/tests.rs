@@ -268,6 +268,62 @@ async fn new_limits_apply_without_killing_running_requests() {
     assert_eq!(adm.snapshot().queued_interactive, 0);
 }
 
+fn of_tenant(tenant: &str) -> Ticket {
+    Ticket {
+        tenant: Arc::from(tenant),
+        ..interactive(10)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_back_in_an_idle_class_banks_no_credit() {
+    let adm = Admission::new(limits(1, 16));
+    // "a" is served ~1e5 weighted tokens alone, then everyone is idle for a minute.
+    let a = acquire(adm.clone(), of_tenant("a")).await.expect("slot");
+    a.permit.tokens(100_000);
+    drop(a);
+    tokio::time::advance(Duration::from_secs(60)).await;
+    // "c" comes into the idle class: it starts at the floor the class left off at, not at 0.
+    let mut held = acquire(adm.clone(), of_tenant("c")).await.expect("slot");
+    let (_ta, mut ra) = spawn_acquire(&adm, of_tenant("a"));
+    settle().await;
+    for _round in 0..2 {
+        // "c" always keeps one request queued beside "a"'s.
+        let (_tc, mut rc) = spawn_acquire(&adm, of_tenant("c"));
+        settle().await;
+        drop(held);
+        settle().await;
+        if let Ok(granted) = ra.try_recv() {
+            granted.expect("a's slot");
+            return;
+        }
+        held = rc.try_recv().expect("c granted").expect("c's slot");
+    }
+    panic!("\"a\" was passed over twice by \"c\", which had idled as long");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reload_that_shortens_queue_wait_max_applies_to_waiters() {
+    let mut l = limits(1, 16);
+    l.queue_wait_max = Duration::from_secs(60);
+    let adm = Admission::new(l.clone());
+    let _held = acquire(adm.clone(), interactive(10)).await.expect("slot");
+    let (_t, mut rx) = spawn_acquire(&adm, interactive(10));
+    settle().await;
+    assert_eq!(adm.snapshot().queued_interactive, 1);
+    l.queue_wait_max = Duration::from_secs(1);
+    adm.set_limits(l);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    settle().await;
+    match rx.try_recv() {
+        Ok(Err(GatewayError::QueueTimeout { waited })) => {
+            assert!(waited <= Duration::from_secs(2), "waited {waited:?}")
+        }
+        other => panic!("expected queue_timeout under the new limit, got {other:?}"),
+    }
+    assert_eq!(adm.snapshot().queued_interactive, 0);
+}
+
 // ---- the layer over a mock upstream ----
 
 type Mock = mock::Mock<Request<()>, Response<GatewayBody>>;
@@ -349,6 +405,26 @@ async fn the_slot_is_held_until_the_body_ends_not_the_headers() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_stages_below_admission_can_mark_the_upstream_start() {
+    let adm = Admission::new(limits(1, 4));
+    let (svc, mut handle) = layered(&adm);
+    let first = tokio::spawn(svc.clone().oneshot(request()));
+    let (req, send) = handle.next_request().await.expect("upstream");
+    let mark = req
+        .extensions()
+        .get::<UpstreamStart>()
+        .cloned()
+        .expect("the admission service adds the handle");
+    mark.mark();
+    send.send_response(Response::new(body::full("{}")));
+    let resp = first.await.expect("task").expect("response");
+    drop(resp);
+    assert_eq!(adm.snapshot().active, 0);
+    // The flight is gone: a late mark does nothing.
+    mark.mark();
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_client_that_goes_away_mid_stream_frees_the_slot() {
     let adm = Admission::new(limits(1, 4));
     let (svc, mut handle) = layered(&adm);
@@ -386,6 +462,54 @@ async fn a_full_queue_is_shed_through_poll_ready() {
     let err = svc.clone().oneshot(request()).await.expect_err("shed");
     assert!(matches!(err, GatewayError::Overloaded { .. }));
     assert_eq!(started.elapsed(), Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shed_requests_leave_no_wakers_behind_and_a_parked_poll_is_woken() {
+    let adm = Admission::new(limits(1, 1));
+    let (svc, mut handle) = layered(&adm);
+    handle.allow(100);
+    let _running = tokio::spawn(svc.clone().oneshot(request()));
+    let queued = tokio::spawn(svc.clone().oneshot(request()));
+    settle().await;
+    assert_eq!(adm.snapshot().queued_interactive, 1);
+    // Each shed request's task polled readiness with its own waker: nothing parks, nothing
+    // is kept.
+    let shed: Vec<_> = (0..50)
+        .map(|_| tokio::spawn(svc.clone().oneshot(request())))
+        .collect();
+    for t in shed {
+        let r = t.await.expect("task");
+        assert!(matches!(r, Err(GatewayError::Overloaded { .. })), "{r:?}");
+    }
+    assert_eq!(adm.ready_wakers(), 0);
+    // The admission service alone still keeps tower's contract: a Pending poll_ready is woken
+    // when the queue changes.
+    struct Flag(std::sync::atomic::AtomicBool);
+    impl std::task::Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let flag = Arc::new(Flag(false.into()));
+    let waker = std::task::Waker::from(flag.clone());
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut admit = Admit::new(
+        tower::service_fn(|_: Request<()>| async {
+            Ok::<_, GatewayError>(Response::new(body::full("")))
+        }),
+        adm.clone(),
+        Default::default(),
+    );
+    assert!(admit.poll_ready(&mut cx).is_pending());
+    assert_eq!(adm.ready_wakers(), 1);
+    queued.abort();
+    settle().await;
+    assert!(
+        flag.0.load(std::sync::atomic::Ordering::SeqCst),
+        "not woken"
+    );
+    assert!(admit.poll_ready(&mut cx).is_ready());
 }
 
 fn futures_noop_waker() -> std::task::Waker {

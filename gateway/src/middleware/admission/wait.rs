@@ -1,12 +1,13 @@
 //! Waiting in the queue: until a slot is granted, the queue sheds the waiter, its prediction
-//! misses its TTFT deadline (re-checked every [`RECHECK_EVERY`]), `queue_wait_max` passes, or
-//! the client goes away (the future is dropped, which leaves the queue).
+//! misses its TTFT deadline (re-checked every [`RECHECK_EVERY`]), `queue_wait_max` passes since
+//! it arrived (the limit in force, read again at every re-check: a reload that shortens it
+//! applies to the waiters too), or the client goes away (the future is dropped, which leaves the
+//! queue).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
 use super::queue::{Admission, Arrival, Permit, Ticket};
 use crate::error::GatewayError;
@@ -23,22 +24,34 @@ pub struct Admitted {
 
 /// Takes a slot for `ticket`, waiting in the queue when there is none free.
 pub async fn acquire(admission: Arc<Admission>, ticket: Ticket) -> Result<Admitted, GatewayError> {
-    let arrived = Instant::now();
-    let (id, rx, deadline) = match admission.arrive(ticket)? {
+    acquire_or(admission, ticket, || ()).await
+}
+
+/// [`acquire`], calling `queued` when the request has to wait in the queue.
+pub async fn acquire_or(
+    admission: Arc<Admission>,
+    ticket: Ticket,
+    queued: impl FnOnce(),
+) -> Result<Admitted, GatewayError> {
+    let (id, rx, arrived) = match admission.arrive(ticket)? {
         Arrival::Granted(permit) => {
             return Ok(Admitted {
                 permit,
                 queued: Duration::ZERO,
             })
         }
-        Arrival::Queued { id, rx, deadline } => (id, rx, deadline),
+        Arrival::Queued { id, rx, arrived } => (id, rx, arrived),
     };
+    queued();
     let mut place = Place {
         admission,
         id,
         rx: Some(rx),
     };
     let answer = loop {
+        // A deadline fixed on arrival outlived a reload that cut queue_wait_max (3600 s → 10 s
+        // left the queued waiting up to an hour, before 2026-12-04).
+        let deadline = arrived + place.admission.queue_wait_max();
         let recheck = tokio::time::sleep(RECHECK_EVERY);
         tokio::select! {
             biased;
@@ -53,12 +66,8 @@ pub async fn acquire(admission: Arc<Admission>, ticket: Ticket) -> Result<Admitt
                 // Granted or shed just as the deadline passed: the answer is in the channel.
                 break place.rx().await;
             }
-            () = recheck => {
-                if let Some(e) = place.admission.recheck(id) {
-                    place.rx = None;
-                    return Err(e);
-                }
-            }
+            // A refusal comes through the channel, read first on the next turn.
+            () = recheck => place.admission.recheck(),
         }
     };
     place.rx = None;

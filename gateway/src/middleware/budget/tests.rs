@@ -60,6 +60,9 @@ async fn usage_in_the_response_settles_the_charge() {
         },
         prompt: 100,
         usage: UsageScanner::default(),
+        sent: 0,
+        ended: false,
+        stream: true,
     };
     let body = TapBody::new(inner, settle);
     let bytes = body.collect().await.expect("body").to_bytes();
@@ -169,11 +172,12 @@ async fn redis_away_fail_local_takes_the_rates_share_then_the_budgets() {
         3,
         "one arrival, one decision each"
     );
-    // Without a budget the rate limit's stage asks, not this one.
-    through(&stage, &alice(Some(10.0), 4, None), 10)
-        .await
-        .expect("not this stage's");
-    assert_eq!(shared.report().degraded, 3);
+    // Without a budget its rate is taken here too (once the body is in), from the same share.
+    assert!(matches!(
+        through(&stage, &alice(Some(10.0), 4, None), 10).await,
+        Err(GatewayError::RateLimited { .. })
+    ));
+    assert_eq!(shared.report().degraded, 4);
 }
 
 #[tokio::test(start_paused = true)]
@@ -189,4 +193,86 @@ async fn redis_away_fail_closed_refuses_with_shared_state_unavailable() {
         assert_eq!(err.class().status, http::StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(err.code(), "shared_state_unavailable");
     }
+}
+
+/// The layer over a service that answers `status` with `body` (and counts its calls), for one
+/// request of `prompt` tokens and `max_tokens` from `tenant`.
+async fn answered(
+    stage: &Budget,
+    tenant: &crate::policy::Tenant,
+    prompt: usize,
+    max_tokens: usize,
+    status: http::StatusCode,
+    body: &'static str,
+    calls: &Arc<std::sync::atomic::AtomicUsize>,
+) -> Result<Response<body::GatewayBody>, GatewayError> {
+    use tower::{Layer, ServiceExt};
+    let calls = calls.clone();
+    let svc = AroundLayer::new(stage.clone()).layer(tower::service_fn(move |_req: Request<()>| {
+        calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            let mut resp = Response::new(body::full(body));
+            *resp.status_mut() = status;
+            if body.starts_with("data:") {
+                resp.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/event-stream"),
+                );
+            }
+            Ok::<_, GatewayError>(resp)
+        }
+    }));
+    let mut req = Request::new(());
+    req.extensions_mut().insert(Caller {
+        tenant: Some(Arc::new(tenant.clone())),
+        class: crate::policy::Class::Interactive,
+    });
+    req.extensions_mut().insert(PromptTokens(prompt));
+    req.extensions_mut().insert(MaxTokens(max_tokens));
+    svc.oneshot(req).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_error_generated_nothing_and_charges_nothing() {
+    let stage = Budget::default();
+    let t = alice(None, 0, Some(1000));
+    let calls = Arc::default();
+    for status in [500, 400, 500] {
+        let status = http::StatusCode::from_u16(status).expect("status");
+        let resp = answered(&stage, &t, 100, 400, status, r#"{"error":{}}"#, &calls)
+            .await
+            .expect("the upstream's answer, passed on");
+        assert_eq!(resp.status(), status);
+        resp.into_body().collect().await.expect("body");
+    }
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "each 500 tokens reserved went back: the third request went up too"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_cut_short_is_charged_what_it_generated() {
+    let stage = Budget::default();
+    let t = alice(None, 0, Some(1000));
+    let calls = Arc::default();
+    const TOKENS: &str = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"c\"}}]}\n\n",
+    );
+    let resp = answered(&stage, &t, 100, 800, http::StatusCode::OK, TOKENS, &calls)
+        .await
+        .expect("200");
+    // The client reads three tokens and goes away before the stream's end (and its usage).
+    let mut body = resp.into_body();
+    let frame = body.frame().await.expect("a frame").expect("data");
+    assert!(frame.into_data().is_ok_and(|d| d.starts_with(b"data: ")));
+    drop(body);
+    // 100 prompt tokens and 3 generated are charged: 897 are left, and no more.
+    through(&stage, &t, 897)
+        .await
+        .expect("the reservation settled to what the stream generated");
+    assert!(through(&stage, &t, 1).await.is_err(), "103 stayed charged");
 }

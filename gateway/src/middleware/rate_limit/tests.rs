@@ -3,6 +3,7 @@ use std::sync::Arc;
 use http::Request;
 
 use super::*;
+use crate::middleware::budget::Budget;
 use crate::policy::{Class, Tenant};
 
 fn caller(rate: Option<f64>, burst: u32) -> Caller {
@@ -118,10 +119,11 @@ async fn shared_it_answers_only_a_standing_refusal_of_redis() {
     assert_eq!(shared.report().degraded, 0, "no Redis call, no fallback");
 }
 
-/// The stage over a service that answers 200, for one request of `c`.
-async fn through(limit: &RateLimit, c: &Caller) -> Result<(), GatewayError> {
+/// The budget's stage (where a shared rate is taken, once the body is in) over a service that
+/// answers 200, for one request of `c`.
+async fn through(stage: &Budget, c: &Caller) -> Result<(), GatewayError> {
     use tower::{Layer, ServiceExt};
-    let svc = crate::middleware::around::AroundLayer::new(limit.clone()).layer(tower::service_fn(
+    let svc = crate::middleware::around::AroundLayer::new(stage.clone()).layer(tower::service_fn(
         |_req: Request<()>| async {
             Ok::<_, GatewayError>(http::Response::new(crate::body::full("")))
         },
@@ -134,36 +136,28 @@ async fn through(limit: &RateLimit, c: &Caller) -> Result<(), GatewayError> {
 #[tokio::test(start_paused = true)]
 async fn redis_away_fail_local_takes_the_gateways_share_of_the_bucket() {
     let shared = crate::shared::testing::unreachable(crate::policy::SharedFail::Local);
-    let limit = RateLimit::new(Some(shared.clone()));
+    let stage = Budget::new(Some(shared.clone()));
     // 10/s with a burst of 4 over 2 replicas: this gateway alone gets 5/s and a burst of 2.
     let c = caller(Some(10.0), 4);
-    through(&limit, &c).await.expect("first");
-    through(&limit, &c).await.expect("second");
-    match through(&limit, &c).await {
+    through(&stage, &c).await.expect("first");
+    through(&stage, &c).await.expect("second");
+    match through(&stage, &c).await {
         Err(GatewayError::RateLimited { retry_after, .. }) => {
             assert!(retry_after <= Duration::from_millis(200), "{retry_after:?}");
         }
         other => panic!("expected 429, got {other:?}"),
     }
     assert_eq!(shared.report().degraded, 3);
-    // A tenant without a rate never needs the shared state, nor one with a budget here (its
-    // rate goes with the budget's charge, after counting).
-    through(&limit, &caller(None, 1)).await.expect("unlimited");
-    let mut budgeted = caller(Some(10.0), 4);
-    if let Some(t) = budgeted.tenant.as_mut() {
-        Arc::make_mut(t).tokens_per_minute = Some(1000);
-    }
-    through(&limit, &budgeted)
-        .await
-        .expect("the budget's stage asks");
+    // A tenant without a rate or a budget never needs the shared state.
+    through(&stage, &caller(None, 1)).await.expect("unlimited");
     assert_eq!(shared.report().degraded, 3);
 }
 
 #[tokio::test(start_paused = true)]
 async fn redis_away_fail_closed_refuses_with_shared_state_unavailable() {
     let shared = crate::shared::testing::unreachable(crate::policy::SharedFail::Closed);
-    let limit = RateLimit::new(Some(shared));
-    let err = through(&limit, &caller(Some(10.0), 4))
+    let stage = Budget::new(Some(shared));
+    let err = through(&stage, &caller(Some(10.0), 4))
         .await
         .expect_err("refused");
     assert!(

@@ -3,12 +3,21 @@
 -- KEYS[3]: the sum of the tokens of the charges in the window.
 -- ARGV[1]: this charge's id; ARGV[2]: the budget; ARGV[3]: tokens needed; ARGV[4]: window (ms).
 -- Returns {1, 0} when charged, {0, milliseconds until enough of it leaves the window}.
+-- The three keys live and expire together (two windows after the last call, charged or
+-- refused): a sum left over by charges that expired without it would refuse the tenant forever.
 local function budget_charge(KEYS, ARGV)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local window = tonumber(ARGV[4])
   local cutoff = now - window
-  local used = tonumber(redis.call('GET', KEYS[3])) or 0
+  local used = tonumber(redis.call('GET', KEYS[3]))
+  if not used then
+    -- The sum is gone (evicted): recounted from the charges' tokens.
+    used = 0
+    for _, v in ipairs(redis.call('HVALS', KEYS[2])) do
+      used = used + (tonumber(v) or 0)
+    end
+  end
   while true do
     local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff, 'LIMIT', 0, 500)
     if #old == 0 then
@@ -21,7 +30,11 @@ local function budget_charge(KEYS, ARGV)
     redis.call('HDEL', KEYS[2], unpack(old))
     redis.call('ZREM', KEYS[1], unpack(old))
   end
-  if used < 0 then
+  if redis.call('ZCARD', KEYS[1]) == 0 then
+    -- No charge in the window (none left at all): nothing is used, whatever the sum said.
+    used = 0
+    redis.call('DEL', KEYS[2])
+  elseif used < 0 then
     used = 0
   end
   local budget = tonumber(ARGV[2])
@@ -41,6 +54,8 @@ local function budget_charge(KEYS, ARGV)
       end
     end
     redis.call('SET', KEYS[3], string.format('%.0f', used), 'PX', keep)
+    redis.call('PEXPIRE', KEYS[1], keep)
+    redis.call('PEXPIRE', KEYS[2], keep)
     return {0, at - now}
   end
   redis.call('ZADD', KEYS[1], now, ARGV[1])
