@@ -2,6 +2,7 @@
 //! own binary, reads the address each one bound, and kills them when it goes.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -95,6 +96,11 @@ pub fn spawn_ranks(
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // A process group of its own: a Ctrl-C at the terminal (or a signal to the whole
+            // group, as systemd's default sends) reaches rank 0 alone, which drains its streams
+            // and then stops its ranks; in rank 0's group they died at once and failed every
+            // stream the drain was for. A child still exits with its parent (--exit-with-parent).
+            .process_group(0)
             .spawn()
             .map_err(|e| Error::Transport(format!("cannot start rank {k}: {e}")))?;
         let stderr_tail = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -167,4 +173,36 @@ pub fn exit_with_parent() {
 pub fn stop(why: &str) -> ! {
     let _ = writeln!(std::io::stderr(), "{why}");
     std::process::exit(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The process group of `pid` (field 5 of `/proc/<pid>/stat`, after the command's `(…)`).
+    fn pgid(pid: u32) -> String {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+        let after = &stat[stat.rfind(')').expect("comm") + 2..];
+        after.split(' ').nth(2).expect("pgrp").to_owned()
+    }
+
+    #[test]
+    fn child_ranks_run_in_a_process_group_of_their_own() {
+        let dir = std::env::temp_dir().join(format!("sluice-launch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let exe = dir.join("rank.sh");
+        std::fs::write(
+            &exe,
+            "#!/bin/sh\necho LISTENING 127.0.0.1:1\nexec sleep 30\n",
+        )
+        .expect("script");
+        std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let ranks = spawn_ranks(&exe, 2, "127.0.0.1", &[], "s").expect("spawned");
+        let child = ranks.children.lock().expect("lock")[0].1.id();
+        assert_ne!(pgid(child), pgid(std::process::id()), "rank 0's group");
+        assert_eq!(pgid(child), child.to_string(), "a group of its own");
+        drop(ranks);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -244,7 +244,12 @@ impl<B: Backend> Driver for RemoteDriver<B> {
                 layers: self.split.bounds(c.rank),
                 up: c.up.load(Ordering::SeqCst),
                 kv_tokens_total: n_blocks * BLOCK_SIZE,
-                kv_tokens_used: st.kv_blocks_used as usize * BLOCK_SIZE,
+                // A peer's count, clamped to the pool it was given (a u64::MAX from a buggy
+                // rank overflowed here, on the engine thread).
+                kv_tokens_used: usize::try_from(st.kv_blocks_used)
+                    .unwrap_or(usize::MAX)
+                    .min(n_blocks)
+                    * BLOCK_SIZE,
                 weight_bytes: st.weight_bytes,
                 kv_bytes: spec.bytes() as u64,
             });

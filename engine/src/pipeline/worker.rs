@@ -197,6 +197,22 @@ fn serve_rank<B: Backend>(
         stage.kv_tokens()
     );
 
+    // Rank 0 going away (or telling us to stop) ends this rank, from here on: while it waits
+    // for its data links too (a rank 0 that died between Setup and dialing left it waiting for
+    // good, and refusing a restarted rank 0's control link as not the data link it expected).
+    // Nothing else reads the control link after Setup.
+    let watch = control.clone();
+    std::thread::Builder::new()
+        .name("rank-control".into())
+        .spawn(move || loop {
+            match watch.recv() {
+                Ok((Message::Shutdown, _)) => std::process::exit(0),
+                Ok(_) => {}
+                Err(e) => super::launch::stop(&format!("rank 0 went away ({e}); stopping")),
+            }
+        })
+        .map_err(|e| Error::Transport(format!("cannot start the control thread: {e}")))?;
+
     let heartbeat_timeout = link_cfg.heartbeat_timeout;
     let next = match &setup.next {
         Some(n) => {
@@ -248,19 +264,6 @@ fn serve_rank<B: Backend>(
         },
         &[],
     )?;
-
-    // Rank 0 going away (or telling us to stop) ends this rank.
-    let watch = control.clone();
-    std::thread::Builder::new()
-        .name("rank-control".into())
-        .spawn(move || loop {
-            match watch.recv() {
-                Ok((Message::Shutdown, _)) => std::process::exit(0),
-                Ok(_) => {}
-                Err(e) => super::launch::stop(&format!("rank 0 went away ({e}); stopping")),
-            }
-        })
-        .map_err(|e| Error::Transport(format!("cannot start the control thread: {e}")))?;
 
     loop {
         let (msg, body) = upstream.recv()?;

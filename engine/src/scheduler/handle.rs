@@ -41,6 +41,10 @@ pub struct EngineConfig {
     /// What a request gets for the sampling fields it leaves out (GGUF metadata, else
     /// llama-server's; `serve --temperature` and friends override).
     pub defaults: GenerationDefaults,
+    /// The longest a micro-batch may stay in the pipeline (`--step-timeout`): past it a rank
+    /// is stuck (one that still heartbeats and reads, its compute hung), the engine reports
+    /// itself down and fails what it holds, and its supervisor restarts it.
+    pub step_timeout: Duration,
 }
 
 /// What the engine thread publishes for `/health` and `/metrics`.
@@ -90,6 +94,7 @@ impl EngineHandle {
             ranks: driver.ranks(scheduler.kv_tokens_used()),
             down: None,
         }));
+        let step_timeout = cfg.step_timeout;
         let tokenizer = scheduler.tokenizer().clone();
         let eos = tokenizer
             .token_id("<|im_end|>")
@@ -116,7 +121,7 @@ impl EngineHandle {
         });
         std::thread::Builder::new()
             .name("sluice-engine".into())
-            .spawn(move || engine_loop(scheduler, driver, rx, published))?;
+            .spawn(move || engine_loop(scheduler, driver, rx, published, step_timeout))?;
         Ok(handle)
     }
 
@@ -226,6 +231,7 @@ fn engine_loop<D: Driver>(
     mut driver: D,
     rx: Receiver<Input>,
     published: Arc<Mutex<Published>>,
+    step_timeout: Duration,
 ) {
     let mut down: Option<String> = None;
     loop {
@@ -241,6 +247,16 @@ fn engine_loop<D: Driver>(
                 }
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => return,
+            }
+        }
+        if down.is_none() {
+            if let Some(age) = sched.oldest_in_flight().filter(|&a| a > step_timeout) {
+                down = Some(format!(
+                    "a micro-batch has been in the pipeline for {:.0} s, past --step-timeout \
+                     ({} s): a rank is stuck",
+                    age.as_secs_f64(),
+                    step_timeout.as_secs()
+                ));
             }
         }
         sched.abort_disconnected();
@@ -294,7 +310,11 @@ fn handle_input(input: Input, sched: &mut Scheduler, down: &mut Option<String>) 
                 sched.add(*seq);
             }
         }
-        Input::Sampled(s) => sched.complete(s),
+        Input::Sampled(s) => {
+            if let Err(e) = sched.complete(s) {
+                *down = Some(format!("the pipeline's last rank answered wrongly: {e}"));
+            }
+        }
         Input::RankDown { rank, reason } => {
             *down = Some(format!("pipeline rank {rank} is down: {reason}"));
         }

@@ -63,6 +63,29 @@ struct Counters {
     preemptions: u64,
 }
 
+/// A micro-batch in the pipeline.
+#[derive(Debug)]
+struct Flight {
+    members: Vec<u64>,
+    /// The members that asked for a token: the last rank's answer must hold one for each, and
+    /// nothing else.
+    sampled: Vec<u64>,
+    sent: std::time::Instant,
+}
+
+/// Why a rank's answer to a micro-batch cannot be taken: the pipeline is broken.
+#[derive(Debug, thiserror::Error)]
+pub enum BadAnswer {
+    #[error("an answer to micro-batch {0}, which is not in flight")]
+    NotInFlight(u64),
+    #[error("micro-batch {batch}'s answer has tokens for {got:?}, not for {asked:?}")]
+    WrongTokens {
+        batch: u64,
+        asked: Vec<u64>,
+        got: Vec<u64>,
+    },
+}
+
 /// The scheduler's state; the engine thread drives it (see `handle`).
 #[derive(Debug)]
 pub struct Scheduler {
@@ -73,8 +96,8 @@ pub struct Scheduler {
     waiting: VecDeque<Sequence>,
     /// Running sequences, oldest first.
     running: Vec<Sequence>,
-    /// Micro-batches in flight and the sequences in each.
-    in_flight: HashMap<u64, Vec<u64>>,
+    /// Micro-batches in flight: their sequences, which of them asked for a token, and when.
+    in_flight: HashMap<u64, Flight>,
     next_batch: u64,
     /// Sequences whose samplers and tables the ranks can forget.
     released: Vec<u64>,
@@ -286,8 +309,16 @@ impl Scheduler {
         }
         let batch = self.next_batch;
         self.next_batch += 1;
-        self.in_flight
-            .insert(batch, seqs.iter().map(|s| s.seq).collect());
+        let flight = Flight {
+            members: seqs.iter().map(|s| s.seq).collect(),
+            sampled: seqs
+                .iter()
+                .filter(|s| s.sample.is_some())
+                .map(|s| s.seq)
+                .collect(),
+            sent: std::time::Instant::now(),
+        };
+        self.in_flight.insert(batch, flight);
         let traceparent = seqs
             .iter()
             .find_map(|c| {
@@ -313,12 +344,30 @@ impl Scheduler {
         })
     }
 
-    /// Takes a finished micro-batch's tokens.
-    pub fn complete(&mut self, sampled: Sampled) {
-        let Some(members) = self.in_flight.remove(&sampled.batch) else {
-            return;
+    /// How long the oldest micro-batch in the pipeline has been there.
+    pub fn oldest_in_flight(&self) -> Option<std::time::Duration> {
+        self.in_flight.values().map(|f| f.sent.elapsed()).max()
+    }
+
+    /// Takes a finished micro-batch's tokens. An answer to no batch in flight, or without a
+    /// token for each sequence that asked (or with one for another), is a broken pipeline:
+    /// taken as it was, the sequence left out waited for its token for good.
+    pub fn complete(&mut self, sampled: Sampled) -> Result<(), BadAnswer> {
+        let Some(flight) = self.in_flight.remove(&sampled.batch) else {
+            return Err(BadAnswer::NotInFlight(sampled.batch));
         };
-        for id in members {
+        let mut got: Vec<u64> = sampled.tokens.iter().map(|&(id, _)| id).collect();
+        let mut asked = flight.sampled;
+        got.sort_unstable();
+        asked.sort_unstable();
+        if got != asked {
+            return Err(BadAnswer::WrongTokens {
+                batch: sampled.batch,
+                asked,
+                got,
+            });
+        }
+        for id in flight.members {
             if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
                 s.in_flight = s.in_flight.saturating_sub(1);
             }
@@ -347,6 +396,7 @@ impl Scheduler {
                 }
             }
         }
+        Ok(())
     }
 
     fn finish(&mut self, i: usize, reason: FinishReason, stopped_by_string: bool) {

@@ -52,6 +52,7 @@ fn engine_with(
         model_id: "tiny".into(),
         context_window: TINY.ctx,
         defaults: Default::default(),
+        step_timeout: std::time::Duration::from_secs(300),
     };
     let scheduler = Scheduler::new(cfg, tokenizer);
     let scheduler = if overlap_masks {
@@ -569,4 +570,119 @@ fn admission_sets_aside_the_blocks_of_each_prompt_it_lets_in() {
     assert_eq!(m.num_requests_running, 2, "{m:?}");
     assert_eq!(m.num_requests_waiting, 1, "{m:?}");
     assert_eq!(m.preemptions_total, 0, "{m:?}");
+}
+
+/// A pipeline driver whose last rank answers as `answer` says (`None`: never, a rank whose
+/// compute hangs while its links stay up).
+struct Answering {
+    inbox: std::sync::mpsc::Sender<super::Input>,
+    answer: fn(&crate::transport::message::Forward) -> Option<crate::transport::message::Sampled>,
+}
+
+impl crate::pipeline::Driver for Answering {
+    fn submit(&mut self, batch: super::MicroBatch) -> crate::error::Result<()> {
+        if let Some(s) = (self.answer)(&batch.forward) {
+            let _ = self.inbox.send(super::Input::Sampled(s));
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, _seqs: Vec<u64>, _kv_blocks_used: u64) -> crate::error::Result<()> {
+        Ok(())
+    }
+
+    fn ranks(&self, kv_tokens_used: usize) -> Vec<crate::api::RankHealth> {
+        vec![crate::api::RankHealth {
+            rank: 0,
+            layers: [0, 0],
+            up: true,
+            kv_tokens_total: 64 * crate::kv::BLOCK_SIZE,
+            kv_tokens_used,
+            weight_bytes: 0,
+            kv_bytes: 0,
+        }]
+    }
+}
+
+/// One request through a pipeline that answers as `answer` says, with a 200 ms step timeout:
+/// the request's end and the engine's health after it.
+async fn through_pipeline(
+    answer: fn(&crate::transport::message::Forward) -> Option<crate::transport::message::Sampled>,
+) -> (Result<(), EngineError>, &'static str) {
+    let inbox = channel();
+    let driver = Answering {
+        inbox: inbox.0.clone(),
+        answer,
+    };
+    let cfg = SchedulerConfig {
+        max_running: 4,
+        max_batch_tokens: 64,
+        max_in_flight: 1,
+        kv_blocks: 64,
+    };
+    let ecfg = EngineConfig {
+        model_id: "tiny".into(),
+        context_window: TINY.ctx,
+        defaults: Default::default(),
+        step_timeout: Duration::from_millis(200),
+    };
+    let template = ChatTemplate::new("{{ messages[0]['content'] }}", "", "").unwrap();
+    let scheduler = Scheduler::new(cfg, Arc::new(toy_tokenizer()));
+    let e = EngineHandle::start(ecfg, scheduler, driver, template, inbox).unwrap();
+    let mut rx = e.submit(request(1, 8, 4)).unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                GenerationEvent::Finished { .. } => return Ok(()),
+                GenerationEvent::Failed(err) => return Err(err),
+                GenerationEvent::Token { .. } => {}
+            }
+        }
+        panic!("the stream ended without an answer");
+    })
+    .await
+    .expect("the request was answered");
+    (end, e.health().status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_stuck_in_the_pipeline_fails_its_requests_and_the_engine_reports_down() {
+    let (end, status) = through_pipeline(|_| None).await;
+    assert!(
+        matches!(&end, Err(EngineError::Unavailable(why)) if why.contains("step-timeout")),
+        "{end:?}"
+    );
+    assert_eq!(status, "down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_without_the_asked_token_or_to_no_batch_breaks_the_pipeline() {
+    use crate::transport::message::Sampled;
+    // Every sequence asked for a token, none came.
+    let (end, status) = through_pipeline(|f| {
+        Some(Sampled {
+            batch: f.batch,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+        })
+    })
+    .await;
+    assert!(
+        matches!(&end, Err(EngineError::Unavailable(why)) if why.contains("answered wrongly")),
+        "{end:?}"
+    );
+    assert_eq!(status, "down");
+    // An answer to another batch.
+    let (end, _) = through_pipeline(|f| {
+        Some(Sampled {
+            batch: f.batch + 100,
+            tokens: f.seqs.iter().map(|s| (s.seq, 5)).collect(),
+            logprobs: Vec::new(),
+        })
+    })
+    .await;
+    assert!(
+        matches!(&end, Err(EngineError::Unavailable(why)) if why.contains("not in flight")),
+        "{end:?}"
+    );
 }

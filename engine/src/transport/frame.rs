@@ -181,6 +181,21 @@ impl FrameHeader {
     }
 }
 
+/// The whole length (fixed header, JSON and body) of the frame that `prefix` begins, once its
+/// fixed header is in (`None` before): a reader that gathers a frame in pieces (the RDMA link's
+/// fragments) bounds what it keeps by it. Errors as [`read_frame`] on a bad magic or an
+/// over-limit length.
+pub fn announced_len(prefix: &[u8]) -> Result<Option<usize>, FrameError> {
+    let Some(fixed) = prefix.first_chunk::<FIXED_HEADER_LEN>() else {
+        return Ok(None);
+    };
+    let h = FrameHeader::decode(fixed)?;
+    // Within the limits: at most 20 + 1 MiB + 1 GiB, which fits a 64-bit usize.
+    Ok(Some(
+        FIXED_HEADER_LEN + h.header_len as usize + h.body_len as usize,
+    ))
+}
+
 /// One decoded frame.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Frame {
@@ -612,5 +627,26 @@ mod tests {
         assert!(v.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()));
         assert!(le_bytes_to_f32(&b[..5]).is_err());
         assert!(le_bytes_into_f32(&b, &mut out[1..]).is_err());
+    }
+
+    #[test]
+    fn a_frame_s_announced_length_is_known_from_its_fixed_header() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &forward(2), &[0u8; 8]).unwrap();
+        assert_eq!(announced_len(&buf[..FIXED_HEADER_LEN - 1]).unwrap(), None);
+        assert_eq!(
+            announced_len(&buf[..FIXED_HEADER_LEN]).unwrap(),
+            Some(buf.len())
+        );
+        assert_eq!(announced_len(&buf).unwrap(), Some(buf.len()));
+        // A body over the limit is refused from the fixed header alone.
+        let over = FrameHeader {
+            version: WIRE_VERSION,
+            kind: kind::FORWARD,
+            header_len: 10,
+            body_len: MAX_BODY_BYTES + 1,
+        };
+        assert!(announced_len(&over.encode()).is_err());
+        assert!(announced_len(b"HTTP/1.1 200 OK\r\n\r\n....").is_err());
     }
 }

@@ -371,3 +371,42 @@ fn rdma_runs_where_there_is_a_device_and_says_so_in_one_line_where_not() {
         }
     }
 }
+
+/// A rank whose rank 0 goes away after Setup, before dialing the data link, stops (it used to
+/// wait for that link for good, and refuse a restarted rank 0's control link).
+#[test]
+fn a_rank_stops_when_rank_0_dies_during_setup() {
+    use sluice_engine::transport::message::{Message, Setup};
+    use sluice_engine::transport::{
+        dial, DialOptions, HelloFields, LinkRole, LinkTransport, Transport,
+    };
+    let secret = ("SLUICE_CLUSTER_SECRET", "setup");
+    let (mut rank, addr) = hand_started_rank(secret, "1024");
+    let hello = HelloFields {
+        role: LinkRole::Control,
+        model_sha256: sluice_engine::model::file_sha256(&model_path()).expect("sha"),
+        rank: 1,
+        layers: [15, 29],
+        n_ranks: 2,
+        transport: LinkTransport::Tcp,
+    };
+    let control =
+        dial(&addr, &hello, secret.1.as_bytes(), &DialOptions::default()).expect("control link");
+    let (welcome, _) = control.recv().expect("welcome");
+    assert!(matches!(welcome, Message::Welcome(_)), "{welcome:?}");
+    let setup = Setup {
+        kv_blocks: 1,
+        next: None,
+    };
+    control.send(&Message::Setup(setup), &[]).expect("setup");
+    // Rank 0 "dies": it never dials the data link.
+    control.close();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rank.try_wait().expect("wait").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the rank still waits for its data link"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

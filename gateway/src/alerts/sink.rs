@@ -49,6 +49,15 @@ impl Target {
         }
     }
 
+    /// The target as errors and logs name it: an Alertmanager without the password of its
+    /// userinfo, a webhook by its host alone (its path is its secret).
+    pub fn shown(&self) -> String {
+        match self {
+            Self::Alertmanager(_) => crate::policy::redact::without_password(&self.url()),
+            Self::Webhook(url) => crate::policy::redact::host_only(url),
+        }
+    }
+
     /// The JSON body this target takes for `alert`.
     pub fn body(&self, alert: &Alert) -> Value {
         match self {
@@ -58,7 +67,7 @@ impl Target {
     }
 }
 
-/// Why a post failed.
+/// Why a post failed; each names its target as [`Target::shown`] does.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
     #[error("{0}: not a URL the client can post to")]
@@ -112,7 +121,7 @@ impl HttpSink {
 impl AlertSink for HttpSink {
     fn post<'a>(&'a self, target: &'a Target, alert: &'a Alert) -> PostFuture<'a> {
         Box::pin(async move {
-            let url = target.url();
+            let (url, shown) = (target.url(), target.shown());
             let body = serde_json::to_vec(&target.body(alert)).unwrap_or_default();
             let req = Request::builder()
                 .method(Method::POST)
@@ -120,13 +129,13 @@ impl AlertSink for HttpSink {
                 .header(header::CONTENT_TYPE, "application/json")
                 .header(header::USER_AGENT, "sluice-gateway")
                 .body(Full::new(Bytes::from(body)))
-                .map_err(|_| SendError::Url(url.clone()))?;
+                .map_err(|_| SendError::Url(shown.clone()))?;
             let resp = self
                 .client
                 .request(req)
                 .await
                 .map_err(|source| SendError::Http {
-                    url: url.clone(),
+                    url: shown.clone(),
                     source,
                 })?;
             let status = resp.status();
@@ -141,7 +150,7 @@ impl AlertSink for HttpSink {
                 .unwrap_or_default();
             let text = String::from_utf8_lossy(&bytes);
             Err(SendError::Status {
-                url,
+                url: shown,
                 status,
                 body: text.chars().take(200).collect(),
             })
@@ -194,7 +203,7 @@ async fn deliver(
             let (sink, alert) = (sink.clone(), alert.clone());
             posts.spawn(async move {
                 let sent = tokio::time::timeout(POST_TIMEOUT, sink.post(&target, &alert)).await;
-                let sent = sent.unwrap_or_else(|_| Err(SendError::Timeout(target.url())));
+                let sent = sent.unwrap_or_else(|_| Err(SendError::Timeout(target.shown())));
                 (target, sent)
             });
         }
@@ -203,7 +212,7 @@ async fn deliver(
             match sent {
                 Ok(()) => {
                     shared.sent_ok.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(url = %target.url(), alert = alert.name.as_str(),
+                    tracing::debug!(to = %target.shown(), alert = alert.name.as_str(),
                         status = alert.status.as_str(), "alert notification sent");
                 }
                 Err(e) => {

@@ -477,6 +477,10 @@ async fn https_targets_are_posted_over_tls_trusting_alerts_ca() {
     let err = untrusting.post(&hook, &alert).await.expect_err("untrusted");
     assert!(matches!(err, SendError::Http { .. }), "{err}");
     assert!(got.try_recv().is_err());
+    assert!(
+        !err.to_string().contains("/hook"),
+        "the webhook's path: {err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -492,4 +496,28 @@ fn the_instance_names_the_host_in_place_of_an_unspecified_address() {
         "{any}"
     );
     assert_eq!(any, instance("[::]:8443".parse().expect("addr")));
+}
+
+#[tokio::test]
+async fn a_failed_post_names_its_target_without_a_secret() {
+    // Nothing listens on port 1: the post fails, and its error (which the warning logs) names
+    // the webhook by its host and the Alertmanager without its password.
+    let sink = HttpSink::new(None).expect("sink");
+    let alert = sample_alert();
+    for (target, secret) in [
+        (
+            Target::Webhook("http://127.0.0.1:1/services/T0/B0/s3cret".into()),
+            "s3cret",
+        ),
+        (
+            Target::Alertmanager("http://am:pw@127.0.0.1:1".into()),
+            ":pw@",
+        ),
+    ] {
+        let err = sink.post(&target, &alert).await.expect_err("refused");
+        let shown = err.to_string();
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(shown.contains("127.0.0.1:1"), "{shown}");
+        assert!(!target.shown().contains(secret));
+    }
 }

@@ -5,6 +5,7 @@ use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
+use super::redact;
 use super::schema::Policy;
 use super::validate;
 
@@ -94,7 +95,9 @@ pub fn parse(text: &str) -> Result<Policy, PolicyError> {
             .map(|s| line_col(text, s.start))
             .map(|(l, c)| format!("line {l}, column {c}: "))
             .unwrap_or_default();
-        PolicyError::new(format!("{at}{}", e.message()))
+        // The parser quotes a value it refused (`invalid type: string "https://…", expected a
+        // sequence`): a URL in it is shown by its host alone, as validation shows webhooks.
+        PolicyError::new(format!("{at}{}", redact::urls_in(e.message())))
     })?;
     let problems = validate::problems(&policy);
     if problems.is_empty() {

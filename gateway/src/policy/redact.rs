@@ -35,9 +35,45 @@ pub fn host_only(url: &str) -> String {
     }
 }
 
+/// `text` with every URL in it (`scheme://` up to a quote, a blank or a comma) shown by
+/// [`host_only`]: for messages that quote a value, such as the TOML parser's.
+pub fn urls_in(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        // The scheme: the letters, digits and `+.-` before `://`.
+        let start = rest[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || "+.-".contains(c)))
+            .map_or(0, |i| i + 1);
+        let end = rest[at..]
+            .find(|c: char| c.is_whitespace() || "\"'`,".contains(c))
+            .map_or(rest.len(), |i| at + i);
+        out.push_str(&rest[..start]);
+        out.push_str(&host_only(&rest[start..end]));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_quoted_in_a_message_show_their_host_only() {
+        assert_eq!(
+            urls_in(
+                r#"invalid type: string "https://hooks.slack.com/services/T0/B0/s3cret", expected a sequence"#
+            ),
+            r#"invalid type: string "https://hooks.slack.com/…", expected a sequence"#
+        );
+        assert_eq!(
+            urls_in("a redis://:pw@h:6379/0 and http://u:p@x/y, z"),
+            "a redis://h:6379/… and http://x/…, z"
+        );
+        assert_eq!(urls_in("no url here"), "no url here");
+    }
 
     #[test]
     fn the_redis_password_is_not_shown() {

@@ -437,6 +437,10 @@ fn refusals_never_quote_a_secret() {
         "[upstream]\nkind = \"openai\"\nurls = [\"http://u:s3cret@h:1\", \"http://u:s3cret@h:1\"]",
         "[alerts]\nwebhooks = [\"ftp://hooks.slack.com/services/T0/B0/s3cret\"]",
         "[alerts]\nalertmanager_urls = [\"http://u:s3cret@am:9093/api/v2/alerts\"]",
+        // A list written as one string: the parser quotes the value it refused.
+        "[alerts]\nwebhooks = \"https://hooks.slack.com/services/T0/B0/s3cret\"",
+        "[alerts]\nalertmanager_urls = \"http://u:s3cret@am:9093\"",
+        "[upstream]\nkind = \"openai\"\nurls = \"http://u:s3cret@h:1/v1\"",
     ] {
         let e = err(text);
         assert!(!e.contains("s3cret"), "{text}\n{e}");

@@ -215,6 +215,12 @@ pub struct ServeArgs {
     /// `server.drain_timeout` default).
     #[arg(long, default_value_t = 30)]
     drain_timeout: u64,
+    /// Seconds a micro-batch may stay in the pipeline before the engine takes a rank for stuck
+    /// (it still heartbeats, its compute hangs): it reports itself down and fails what it holds.
+    /// Far above any real step (a 512-token chunk at 12K context on the scalar kernels takes
+    /// tens of seconds).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    step_timeout: u64,
     /// The model id the API reports (default: the model file's name).
     #[arg(long)]
     model_id: Option<String>,
@@ -401,6 +407,7 @@ pub fn serve(mut args: ServeArgs) -> Result<()> {
         // The handle caps this at the KV pool.
         context_window: args.context_window,
         defaults: args.defaults.apply(&gguf),
+        step_timeout: std::time::Duration::from_secs(args.step_timeout),
     };
     let handle = EngineHandle::start(
         engine_cfg,

@@ -60,7 +60,9 @@ struct Inner {
     verbs: Box<dyn Verbs>,
     control: Arc<dyn Transport>,
     peer: String,
-    /// The peer's slot size: the largest send this side may post.
+    /// The largest send this side may post: the smaller of the peer's slot (what it can
+    /// receive) and this side's own (what a send is copied into; ranks started by hand may
+    /// be given different `--rdma-slot-bytes`).
     peer_slot_bytes: usize,
     window: Mutex<Window>,
     window_cv: Condvar,
@@ -232,6 +234,16 @@ impl Inner {
         }
         *expect_seq = seq.wrapping_add(1);
         message.extend_from_slice(payload);
+        // Bounded by the frame it begins (its limits checked as soon as its fixed header is
+        // in): a peer that never sets LAST grew this without end.
+        if let Some(total) = frame::announced_len(message).map_err(|e| protocol(e.to_string()))? {
+            if message.len() > total {
+                return Err(protocol(format!(
+                    "{} bytes of a {total}-byte frame",
+                    message.len()
+                )));
+            }
+        }
         if header[4] & LAST == 0 {
             return Ok(None);
         }
@@ -328,7 +340,7 @@ pub fn upgrade(
         verbs,
         control,
         peer: peer.clone(),
-        peer_slot_bytes: remote.slot_bytes as usize,
+        peer_slot_bytes: (remote.slot_bytes as usize).min(local.slot_bytes as usize),
         window: Mutex::new(Window {
             credits: remote.slots,
             free: (0..local.slots as usize).rev().collect(),

@@ -314,3 +314,27 @@ fn without_a_device_rdma_says_so_in_one_line() {
         }
     }
 }
+
+#[test]
+fn ranks_given_different_slot_sizes_send_in_the_smaller() {
+    // The dialer's slots are a quarter of the listener's: fragments cut to the listener's slot
+    // did not fit the dialer's own send slots, and its first large message took the link down.
+    let bigger = RdmaConfig {
+        slots: 4,
+        slot_bytes: 16384,
+        ..RdmaConfig::default()
+    };
+    let (d, l) = upgraded(
+        fast(),
+        fast(),
+        Loopback::new(&small()),
+        Loopback::new(&bigger),
+    );
+    let body: Vec<u8> = (0..20_000).map(|i| (i % 251) as u8).collect();
+    for (from, to) in [(&d, &l), (&l, &d)] {
+        from.send(&forward(8), &body).unwrap();
+        let (m, got) = to.recv().unwrap();
+        assert_eq!(m, forward(8));
+        assert_eq!(got, body);
+    }
+}

@@ -128,10 +128,15 @@ where
                     .iter()
                     .for_each(crate::shared::Arrival::give_back_lease)
             };
+            // The wait is observed however it ends, a client that leaves while queued included.
+            let mut wait = Waited {
+                metrics: Some(metrics.clone()),
+                arrived,
+            };
             let admitted = match acquire_or(admission, ticket, queued).await {
                 Ok(a) => a,
                 Err(e) => {
-                    metrics.queue_wait.observe(arrived.elapsed());
+                    drop(wait);
                     if let Some(r) = &record {
                         r.queue_refused(match e {
                             GatewayError::QueueTimeout { .. } => QueueOutcome::Timeout,
@@ -141,6 +146,7 @@ where
                     return Err(e);
                 }
             };
+            wait.metrics = None;
             metrics.queue_wait.observe(admitted.queued);
             req.extensions_mut().insert(QueueTime(admitted.queued));
             if let Some(r) = &record {
@@ -162,5 +168,20 @@ where
             let body = slot_body(body, admitted.permit, metrics);
             Ok(Response::from_parts(parts, body))
         })
+    }
+}
+
+/// A wait in the queue, observed in `sluice_queue_wait_seconds` when dropped (refused, timed
+/// out, or its client gone: the future dropped) unless granted, which observes its own.
+struct Waited {
+    metrics: Option<Arc<Metrics>>,
+    arrived: tokio::time::Instant,
+}
+
+impl Drop for Waited {
+    fn drop(&mut self) {
+        if let Some(m) = self.metrics.take() {
+            m.queue_wait.observe(self.arrived.elapsed());
+        }
     }
 }

@@ -515,3 +515,27 @@ async fn shed_requests_leave_no_wakers_behind_and_a_parked_poll_is_woken() {
 fn futures_noop_waker() -> std::task::Waker {
     std::task::Waker::noop().clone()
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_whose_client_leaves_is_observed_too() {
+    let adm = Admission::new(limits(1, 4));
+    let metrics = Arc::new(crate::telemetry::Metrics::default());
+    let (mock, mut handle): (Mock, Handle) = mock::pair();
+    let f: fn(crate::body::BoxError) -> GatewayError = upstream_error;
+    let svc =
+        AdmissionLayer::new(adm.clone(), metrics.clone()).layer(tower::util::MapErr::new(mock, f));
+    handle.allow(100);
+    // The first holds the only slot (its upstream never answers); the second waits 5 s, and
+    // its client goes away.
+    let _running = tokio::spawn(svc.clone().oneshot(request()));
+    settle().await;
+    let queued = tokio::spawn(svc.clone().oneshot(request()));
+    settle().await;
+    assert_eq!(adm.snapshot().queued_interactive, 1);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    queued.abort();
+    settle().await;
+    let waits = metrics.queue_wait.snapshot();
+    assert_eq!(waits.count, 2, "the grant and the wait its client left");
+    assert!((waits.sum - 5.0).abs() < 0.1, "{}", waits.sum);
+}
