@@ -117,6 +117,11 @@ impl Watcher {
     }
 }
 
+/// How long an idle connection closed gracefully gets to finish closing (one that never brought
+/// a request gets none): past it, it is dropped. HTTP/2's graceful close waits for the client's answer to a PING; a client that never
+/// answers kept the connection (and its socket) for good.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(10);
+
 /// A connection driven under a [`Watcher`] (a hand-written future rather than an `async fn`,
 /// whose `Send` proof trips over hyper's higher-ranked error bounds).
 pub struct Watched<C> {
@@ -125,6 +130,9 @@ pub struct Watched<C> {
     stop: Pin<Box<dyn Future<Output = ()> + Send>>,
     idle: Option<(Idle, Pin<Box<Sleep>>)>,
     closing: bool,
+    /// Closing because idle: dropped at this deadline if not closed by then ([`CLOSE_GRACE`]).
+    /// (Closing for the server's shutdown is bounded by its drain.)
+    dropped_at: Option<Pin<Box<Sleep>>>,
 }
 
 impl<C> std::fmt::Debug for Watched<C> {
@@ -146,6 +154,7 @@ impl<C: GracefulConnection> Watched<C> {
             }),
             idle: idle.map(|i| (i, Box::pin(tokio::time::sleep(Duration::ZERO)))),
             closing: false,
+            dropped_at: None,
         }
     }
 }
@@ -160,6 +169,12 @@ impl<C: GracefulConnection> Future for Watched<C> {
                 return Poll::Ready(done);
             }
             if this.closing {
+                if let Some(at) = &mut this.dropped_at {
+                    if at.as_mut().poll(cx).is_ready() {
+                        tracing::debug!("an idle connection did not close within {CLOSE_GRACE:?}");
+                        return Poll::Ready(Ok(()));
+                    }
+                }
                 return Poll::Pending;
             }
             let stop = this.stop.as_mut().poll(cx).is_ready();
@@ -186,6 +201,12 @@ impl<C: GracefulConnection> Future for Watched<C> {
             // Polled again at the top: the connection starts its graceful close.
             this.conn.as_mut().graceful_shutdown();
             this.closing = true;
+            if idle && !stop {
+                // A connection that never brought a request has nothing to finish.
+                let seen = this.idle.as_ref().is_some_and(|(i, _)| i.seen());
+                let grace = if seen { CLOSE_GRACE } else { Duration::ZERO };
+                this.dropped_at = Some(Box::pin(tokio::time::sleep(grace)));
+            }
         }
     }
 }
@@ -195,11 +216,15 @@ impl<C: GracefulConnection> Future for Watched<C> {
 #[derive(Clone, Debug)]
 pub struct Idle {
     limit: Duration,
+    /// The limit until the first request arrives, when shorter ([`Idle::first_request_within`]).
+    first: Duration,
     state: Arc<IdleState>,
 }
 
 #[derive(Debug)]
 struct IdleState {
+    /// A request has arrived.
+    seen: std::sync::atomic::AtomicBool,
     in_flight: AtomicUsize,
     /// When the last request in flight ended (or the connection opened).
     since: Mutex<Instant>,
@@ -210,16 +235,32 @@ impl Idle {
     pub fn new(limit: Duration) -> Self {
         Self {
             limit,
+            first: limit,
             state: Arc::new(IdleState {
+                seen: std::sync::atomic::AtomicBool::new(false),
                 in_flight: AtomicUsize::new(0),
                 since: Mutex::new(Instant::now()),
             }),
         }
     }
 
+    /// The connection must bring its first request within `first` of opening (when shorter
+    /// than the limit): one that opens and sends nothing (or only part of HTTP/2's preface,
+    /// before which no header timeout runs) is closed then, not after the whole idle limit.
+    pub fn first_request_within(mut self, first: Duration) -> Self {
+        self.first = first.min(self.limit);
+        self
+    }
+
+    /// Whether a request has arrived on the connection.
+    pub fn seen(&self) -> bool {
+        self.state.seen.load(Ordering::SeqCst)
+    }
+
     /// A request is in flight until the returned guard drops (keep it with the response body,
     /// so that a stream counts until its last byte).
     pub fn busy(&self) -> Busy {
+        self.state.seen.store(true, Ordering::SeqCst);
         self.state.in_flight.fetch_add(1, Ordering::SeqCst);
         Busy(self.state.clone())
     }
@@ -235,7 +276,8 @@ impl Idle {
             .since
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        Some(since + self.limit)
+        let limit = if self.seen() { self.limit } else { self.first };
+        Some(since + limit)
     }
 }
 
@@ -254,6 +296,54 @@ impl Drop for Busy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_must_bring_its_first_request_sooner() {
+        let idle = Idle::new(Duration::from_secs(75)).first_request_within(Duration::from_secs(10));
+        let opened = Instant::now();
+        assert_eq!(idle.closes_at(), Some(opened + Duration::from_secs(10)));
+        drop(idle.busy());
+        assert_eq!(
+            idle.closes_at(),
+            Some(opened + Duration::from_secs(75)),
+            "the whole limit once a request came"
+        );
+    }
+
+    /// An HTTP/2 client that sends its preface and settings, then never answers: closed for
+    /// idleness (GOAWAY and a PING it never answers), then dropped after [`CLOSE_GRACE`].
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_http2_client_that_never_answers_the_close_is_dropped() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (server, mut client) = tokio::io::duplex(1 << 16);
+        let service = hyper::service::service_fn(|_req| async {
+            Ok::<_, std::convert::Infallible>(hyper::Response::new(String::new()))
+        });
+        let builder = connection_builder(Duration::from_secs(10));
+        let (_stop, stopping) = watch::channel(false);
+        let idle = Idle::new(Duration::from_secs(5));
+        // As if a request had come and gone (a connection that never brought one is dropped
+        // at once when it goes idle).
+        drop(idle.busy());
+        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(server), service);
+        let watched = Watcher(stopping).watch_idle(conn, idle);
+        tokio::pin!(watched);
+        client
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            .await
+            .expect("preface");
+        // Read what the server sends (its settings, then GOAWAY and PING), never answering.
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            while matches!(client.read(&mut buf).await, Ok(n) if n > 0) {}
+        });
+        let graced = Duration::from_secs(5) + CLOSE_GRACE - Duration::from_secs(1);
+        let early = tokio::time::timeout(graced, &mut watched).await;
+        assert!(early.is_err(), "closed before its grace ran out");
+        let closed = tokio::time::timeout(Duration::from_secs(2), &mut watched).await;
+        assert!(closed.is_ok(), "the connection is still open");
+        reader.abort();
+    }
 
     #[tokio::test(start_paused = true)]
     async fn idle_counts_from_the_end_of_the_last_request() {

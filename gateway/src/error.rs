@@ -39,6 +39,8 @@ pub enum GatewayError {
     BodyTooLarge { limit: usize },
     #[error("could not read the request body: {0}")]
     UnreadableBody(String),
+    #[error("the request body stalled: no bytes for {0:?}")]
+    BodyTimeout(Duration),
     #[error("the request body is not valid JSON: {0}")]
     InvalidJson(String),
     /// A field is wrong (the message starts with its path).
@@ -151,6 +153,12 @@ impl GatewayError {
                 Debug,
             ),
             UnreadableBody(_) => (StatusCode::BAD_REQUEST, INVALID, "unreadable_body", Debug),
+            BodyTimeout(_) => (
+                StatusCode::REQUEST_TIMEOUT,
+                INVALID,
+                "request_timeout",
+                Debug,
+            ),
             InvalidJson(_) => (StatusCode::BAD_REQUEST, INVALID, "invalid_json", Debug),
             InvalidRequest { .. } => (StatusCode::BAD_REQUEST, INVALID, "invalid_request", Debug),
             InputTooLong { .. } | ContextWindow { .. } => (

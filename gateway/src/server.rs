@@ -77,7 +77,10 @@ async fn serve_connection<IO>(
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let idle = Idle::new(router.app.policy.current().policy.server.idle_timeout);
+    // The first request's headers within the handshake bound too (hyper's header timeout only
+    // starts once it knows the protocol: not for a client silent after TLS, nor over HTTP/2).
+    let idle = Idle::new(router.app.policy.current().policy.server.idle_timeout)
+        .first_request_within(HANDSHAKE_TIMEOUT);
     let activity = idle.clone();
     let service = service_fn(move |req| {
         let router = router.clone();

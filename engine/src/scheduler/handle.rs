@@ -312,11 +312,14 @@ fn handle_input(input: Input, sched: &mut Scheduler, down: &mut Option<String>) 
         }
         Input::Sampled(s) => {
             if let Err(e) = sched.complete(s) {
-                *down = Some(format!("the pipeline's last rank answered wrongly: {e}"));
+                // The first reason stands: a late answer after a failure is not in flight.
+                down.get_or_insert_with(|| {
+                    format!("the pipeline's last rank answered wrongly: {e}")
+                });
             }
         }
         Input::RankDown { rank, reason } => {
-            *down = Some(format!("pipeline rank {rank} is down: {reason}"));
+            down.get_or_insert_with(|| format!("pipeline rank {rank} is down: {reason}"));
         }
         Input::Shutdown => {
             sched.fail_all(&EngineError::Unavailable(

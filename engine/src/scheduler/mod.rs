@@ -207,7 +207,20 @@ impl Scheduler {
     /// The blocks a sequence admitted here will take are set aside as it is admitted, so two
     /// prompts are never let in against the same free blocks.
     fn admit(&mut self) {
-        let mut free = self.pool.n_free();
+        // Free, less what the running prompts still need for the rest of their prefill (a
+        // chunk reserves only its own blocks: a long prompt admitted on an earlier call would
+        // otherwise be counted free again, and the next one let in against its blocks).
+        let owed: usize = self
+            .running
+            .iter()
+            .map(|s| {
+                s.tokens
+                    .len()
+                    .div_ceil(BLOCK_SIZE)
+                    .saturating_sub(s.table.blocks().len())
+            })
+            .sum();
+        let mut free = self.pool.n_free().saturating_sub(owed);
         while self.running.len() < self.cfg.max_running {
             let Some(seq) = self.waiting.front() else {
                 break;

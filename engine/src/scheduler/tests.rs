@@ -686,3 +686,32 @@ async fn an_answer_without_the_asked_token_or_to_no_batch_breaks_the_pipeline() 
         "{end:?}"
     );
 }
+
+#[test]
+fn a_long_prompt_s_blocks_stay_set_aside_across_its_chunks() {
+    // Chunks of 16 tokens: each call reserves only the chunk's blocks. Two 8-block prompts
+    // and 9 free blocks: the second was admitted on the next call, against the blocks the
+    // first still needed.
+    let cfg = SchedulerConfig {
+        max_running: 4,
+        max_batch_tokens: 16,
+        max_in_flight: 3,
+        kv_blocks: 10,
+    };
+    let tokenizer = Arc::new(toy_tokenizer());
+    let mut sched = Scheduler::new(cfg, tokenizer.clone());
+    let seq = |id: u64, len: usize| {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        std::mem::forget(rx);
+        super::Sequence::new(id, request(id as u32, len, 4), 0, tokenizer.clone(), tx)
+    };
+    sched.add(seq(1, 8));
+    assert!(sched.schedule().is_some(), "Z's prefill");
+    sched.add(seq(2, 8 * crate::kv::BLOCK_SIZE));
+    sched.add(seq(3, 8 * crate::kv::BLOCK_SIZE));
+    assert!(sched.schedule().is_some(), "the first chunk of one prompt");
+    assert!(sched.schedule().is_some(), "its second chunk");
+    let m = sched.metrics();
+    assert_eq!(m.num_requests_running, 2, "{m:?}");
+    assert_eq!(m.num_requests_waiting, 1, "{m:?}");
+}

@@ -410,3 +410,18 @@ fn a_rank_stops_when_rank_0_dies_during_setup() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A scheduler that could run nothing is refused at start (it admitted nothing: every request
+/// waited for good).
+#[test]
+fn serve_refuses_a_zero_max_running_or_batch() {
+    for flag in ["--max-running", "--max-batch-tokens"] {
+        let out = engine_cmd()
+            .args(["serve", flag, "0"])
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{flag} 0 was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("at least 1"), "{flag}: {err}");
+    }
+}

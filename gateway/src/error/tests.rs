@@ -49,6 +49,11 @@ fn every_condition_has_its_status_and_code() {
             "unreadable_body",
         ),
         (
+            GatewayError::BodyTimeout(Duration::from_secs(10)),
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+        ),
+        (
             GatewayError::InvalidJson("x".into()),
             StatusCode::BAD_REQUEST,
             "invalid_json",

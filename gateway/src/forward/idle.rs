@@ -82,14 +82,22 @@ fn event(state: &mut State, err: &GatewayError) -> Frame<Bytes> {
     Frame::data(Bytes::from(format!("data: {}\n\n", err.to_json())))
 }
 
-/// Where the last whole event in `buf` ends (after its blank line), if one does.
+/// The most of one event held back waiting for its end: past it the bytes go on as they are
+/// (an upstream that never sends a blank line, or ends its lines with a bare CR, was held whole
+/// to the stream's end, rescanned at every frame).
+const PARTIAL_MAX: usize = 1 << 20;
+
+/// Where the last whole event in `buf` ends (after its blank line), if one does. SSE lines end
+/// with CRLF, LF or CR, so an event ends at LF LF, CR CR or LF CRLF (CRLF CRLF included).
 fn events_end(buf: &[u8]) -> Option<usize> {
-    let lf = buf.windows(2).rposition(|w| w == b"\n\n").map(|i| i + 2);
-    let crlf = buf
-        .windows(4)
-        .rposition(|w| w == b"\r\n\r\n")
-        .map(|i| i + 4);
-    lf.max(crlf)
+    [&b"\n\n"[..], b"\r\r", b"\n\r\n"]
+        .iter()
+        .filter_map(|p| {
+            buf.windows(p.len())
+                .rposition(|w| w == *p)
+                .map(|i| i + p.len())
+        })
+        .max()
 }
 
 impl<B> Body for IdleBody<B>
@@ -127,10 +135,16 @@ where
                     if this.partial.is_empty() && data.ends_with(b"\n\n") {
                         return Poll::Ready(Some(Ok(Frame::data(data))));
                     }
+                    let scanned = this.partial.len().saturating_sub(3);
                     this.partial.extend_from_slice(&data);
-                    if let Some(end) = events_end(this.partial) {
-                        let whole = this.partial.split_to(end).freeze();
+                    // Only the new bytes (and the 3 before them) can end an event.
+                    if let Some(end) = events_end(&this.partial[scanned..]) {
+                        let whole = this.partial.split_to(scanned + end).freeze();
                         return Poll::Ready(Some(Ok(Frame::data(whole))));
+                    }
+                    if this.partial.len() > PARTIAL_MAX {
+                        let held = this.partial.split().freeze();
+                        return Poll::Ready(Some(Ok(Frame::data(held))));
                     }
                     // Only part of an event so far: wait for the rest.
                 }
@@ -301,5 +315,38 @@ mod tests {
         assert_eq!(last.into_data().expect("data"), "data: [DONE]\n");
         assert!(body.frame().await.is_none());
         assert!(body.is_end_stream());
+    }
+
+    #[test]
+    fn events_end_at_a_blank_line_of_any_line_ending() {
+        assert_eq!(events_end(b"data: a\n\ndata: b"), Some(9));
+        assert_eq!(events_end(b"data: a\r\rdata: b"), Some(9));
+        assert_eq!(events_end(b"data: a\r\n\r\n"), Some(11));
+        assert_eq!(events_end(b"data: a\n\r\n"), Some(10));
+        assert_eq!(events_end(b"data: a\r\n"), None);
+    }
+
+    #[tokio::test]
+    async fn events_with_bare_cr_lines_pass_as_they_come_and_an_endless_one_is_not_held() {
+        let (mut tx, inner) = stalled();
+        let mut body = std::pin::pin!(IdleBody::new(inner, Duration::from_secs(300), true));
+        tx.send_data(Bytes::from_static(b"data: {}\r\r"))
+            .await
+            .expect("send");
+        let first = body.frame().await.expect("frame").expect("ok");
+        assert_eq!(first.into_data().expect("data"), "data: {}\r\r");
+        // An upstream that never ends its event: what is held goes on past PARTIAL_MAX.
+        let line = Bytes::from(vec![b'x'; 64 << 10]);
+        let sender = tokio::spawn(async move {
+            for _ in 0..20 {
+                if tx.send_data(line.clone()).await.is_err() {
+                    return;
+                }
+            }
+            std::future::pending::<()>().await;
+        });
+        let held = body.frame().await.expect("frame").expect("ok");
+        assert!(held.into_data().expect("data").len() > PARTIAL_MAX);
+        sender.abort();
     }
 }

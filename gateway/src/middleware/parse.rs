@@ -118,16 +118,32 @@ where
     }
 }
 
-/// The whole body, at most `limit` bytes.
+/// The longest a request body may go without a byte: a client that stalls mid-upload is
+/// answered 408 `request_timeout` (it held its connection, and over HTTP/2 up to 200 streams of
+/// buffered bytes, for good). The same bound as a request's headers.
+pub const BODY_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The whole body, at most `limit` bytes, each frame within [`BODY_IDLE`] of the last.
 pub async fn read_body<B>(body: B, limit: usize) -> Result<bytes::Bytes, GatewayError>
 where
     B: Body,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(GatewayError::BodyTooLarge { limit }),
-        Err(e) => Err(GatewayError::UnreadableBody(e.to_string())),
+    let mut body = std::pin::pin!(Limited::new(body, limit));
+    let mut out = bytes::BytesMut::new();
+    loop {
+        let frame = match tokio::time::timeout(BODY_IDLE, body.frame()).await {
+            Err(_) => return Err(GatewayError::BodyTimeout(BODY_IDLE)),
+            Ok(None) => return Ok(out.freeze()),
+            Ok(Some(Ok(frame))) => frame,
+            Ok(Some(Err(e))) if e.is::<LengthLimitError>() => {
+                return Err(GatewayError::BodyTooLarge { limit })
+            }
+            Ok(Some(Err(e))) => return Err(GatewayError::UnreadableBody(e.to_string())),
+        };
+        if let Ok(data) = frame.into_data() {
+            bytes::BufMut::put(&mut out, data);
+        }
     }
 }
 

@@ -193,11 +193,11 @@ pub struct ServeArgs {
     /// started here as child processes.
     #[arg(long, value_delimiter = ',')]
     rank_addrs: Vec<String>,
-    /// Sequences computed at once.
-    #[arg(long, default_value_t = 8)]
+    /// Sequences computed at once (0 would admit nothing: every request waited for good).
+    #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     max_running: usize,
-    /// Tokens per micro-batch (long prompts are prefilled in chunks of this size).
-    #[arg(long, default_value_t = 512)]
+    /// Tokens per micro-batch (long prompts are prefilled in chunks of this size; at least 1).
+    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
     max_batch_tokens: usize,
     /// Micro-batches in the pipeline at once (default: one per rank, so that every stage
     /// computes at once; when the ranks share this host's cores, as many as the cores can
@@ -530,5 +530,14 @@ impl Rank0<'_> {
         let d = RemoteDriver::connect(model, split.clone(), own_blocks, &peers, self.inbox)?;
         let n = d.kv_tokens() / sluice_engine::kv::BLOCK_SIZE;
         Ok((Box::new(d), n, children))
+    }
+}
+
+/// A count of at least 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
 }

@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use futures_util::StreamExt;
 use http::{Request, Response};
 use http_body_util::Full;
 use tower::{Layer, ServiceExt};
@@ -74,4 +75,30 @@ async fn bodies_past_the_limit_are_413() {
 async fn unknown_paths_are_404() {
     let e = run("/v1/embeddings", "{}", 1024).await.expect_err("404");
     assert!(matches!(e, GatewayError::NotFound { .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_stalls_is_answered_request_timeout() {
+    // Half a body, then nothing: answered 408 once BODY_IDLE passes without a byte.
+    let frames = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(
+        http_body::Frame::data(bytes::Bytes::from_static(b"{\"messages\":")),
+    )])
+    .chain(futures_util::stream::pending());
+    let body = http_body_util::StreamBody::new(frames);
+    let started = tokio::time::Instant::now();
+    let err = read_body(body, 1 << 20).await.expect_err("stalled");
+    assert!(matches!(err, GatewayError::BodyTimeout(_)), "{err:?}");
+    assert_eq!(err.class().status, http::StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(started.elapsed(), BODY_IDLE);
+    // A body whose frames keep coming, each within the bound, is read whole however long.
+    let slow = futures_util::stream::iter(0..3).then(|i| async move {
+        tokio::time::sleep(BODY_IDLE - std::time::Duration::from_secs(1)).await;
+        Ok::<_, std::convert::Infallible>(http_body::Frame::data(bytes::Bytes::from(
+            ["[", "1", "]"][i],
+        )))
+    });
+    let got = read_body(http_body_util::StreamBody::new(slow), 1 << 20)
+        .await
+        .expect("read");
+    assert_eq!(&got[..], b"[1]");
 }

@@ -308,3 +308,39 @@ async fn idle_http2_connections_are_closed_but_never_under_a_stream() {
     gw.assert_accounted().await;
     gw.shutdown().await;
 }
+
+/// A client silent after the TLS handshake (no byte of HTTP/1.1, or HTTP/2's preface and
+/// settings and then nothing) is closed once the header bound passes, not after the whole idle
+/// limit (75 s): hyper's header timeout only starts once it has seen enough to pick a protocol.
+#[tokio::test]
+async fn a_client_silent_after_the_handshake_is_closed_at_the_header_bound() {
+    let (gw, _) = gateway().await;
+    let mut silent = Vec::new();
+    for (alpn, first) in [
+        (&b"http/1.1"[..], &b""[..]),
+        (
+            &b"h2"[..],
+            &b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"[..],
+        ),
+    ] {
+        let addr = gw.addr;
+        silent.push(tokio::spawn(async move {
+            let tcp = TcpStream::connect(addr).await.expect("connect");
+            let name = ServerName::try_from("localhost").expect("name");
+            let mut tls = connector(alpn).connect(name, tcp).await.expect("handshake");
+            tls.write_all(first).await.expect("write");
+            tls.flush().await.expect("flush");
+            until_closed(tls, HEADER_TIMEOUT + Duration::from_secs(5)).await
+        }));
+    }
+    for s in silent {
+        let (_, closed) = s.await.expect("task");
+        let closed = closed.expect("a silent connection was never closed");
+        assert!(
+            closed >= HEADER_TIMEOUT - Duration::from_secs(1),
+            "closed after {closed:?}"
+        );
+    }
+    still_serves(&gw).await;
+    gw.shutdown().await;
+}
