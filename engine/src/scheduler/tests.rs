@@ -543,15 +543,16 @@ fn stop_strings_wait_for_min_tokens() {
     );
 }
 
-#[test]
-fn admission_sets_aside_the_blocks_of_each_prompt_it_lets_in() {
-    // 10 blocks: Z runs on 1, and two 128-token prompts (8 blocks each) wait. Only one of them
-    // fits: the other was let in against the same free blocks, "preempted" with none and
-    // counted, and held a running slot it could not use.
+/// A 10-block pool with Z running on 1 and two 8-block prompts waiting, scheduled in chunks of
+/// `max_batch_tokens` for `calls` calls after Z's: the scheduler's metrics then.
+fn two_long_prompts_behind_a_short_one(
+    max_batch_tokens: usize,
+    calls: usize,
+) -> crate::api::MetricsSnapshot {
     let cfg = SchedulerConfig {
         max_running: 4,
-        max_batch_tokens: 512,
-        max_in_flight: 2,
+        max_batch_tokens,
+        max_in_flight: 3,
         kv_blocks: 10,
     };
     let tokenizer = Arc::new(toy_tokenizer());
@@ -565,11 +566,29 @@ fn admission_sets_aside_the_blocks_of_each_prompt_it_lets_in() {
     assert!(sched.schedule().is_some(), "Z's prefill");
     sched.add(seq(2, 8 * crate::kv::BLOCK_SIZE));
     sched.add(seq(3, 8 * crate::kv::BLOCK_SIZE));
-    assert!(sched.schedule().is_some(), "one prompt's prefill");
-    let m = sched.metrics();
+    for call in 0..calls {
+        assert!(sched.schedule().is_some(), "chunk {call}");
+    }
+    sched.metrics()
+}
+
+#[test]
+fn admission_sets_aside_the_blocks_of_each_prompt_it_lets_in() {
+    // Only one prompt fits: the other was let in against the same free blocks, "preempted"
+    // with none and counted, and held a running slot it could not use.
+    let m = two_long_prompts_behind_a_short_one(512, 1);
     assert_eq!(m.num_requests_running, 2, "{m:?}");
     assert_eq!(m.num_requests_waiting, 1, "{m:?}");
     assert_eq!(m.preemptions_total, 0, "{m:?}");
+}
+
+#[test]
+fn a_long_prompt_s_blocks_stay_set_aside_across_its_chunks() {
+    // Chunks of 16 tokens: each call reserves only the chunk's blocks. The second prompt was
+    // admitted on the next call, against the blocks the first still needed.
+    let m = two_long_prompts_behind_a_short_one(16, 2);
+    assert_eq!(m.num_requests_running, 2, "{m:?}");
+    assert_eq!(m.num_requests_waiting, 1, "{m:?}");
 }
 
 /// A pipeline driver whose last rank answers as `answer` says (`None`: never, a rank whose
@@ -685,33 +704,4 @@ async fn an_answer_without_the_asked_token_or_to_no_batch_breaks_the_pipeline() 
         matches!(&end, Err(EngineError::Unavailable(why)) if why.contains("not in flight")),
         "{end:?}"
     );
-}
-
-#[test]
-fn a_long_prompt_s_blocks_stay_set_aside_across_its_chunks() {
-    // Chunks of 16 tokens: each call reserves only the chunk's blocks. Two 8-block prompts
-    // and 9 free blocks: the second was admitted on the next call, against the blocks the
-    // first still needed.
-    let cfg = SchedulerConfig {
-        max_running: 4,
-        max_batch_tokens: 16,
-        max_in_flight: 3,
-        kv_blocks: 10,
-    };
-    let tokenizer = Arc::new(toy_tokenizer());
-    let mut sched = Scheduler::new(cfg, tokenizer.clone());
-    let seq = |id: u64, len: usize| {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        std::mem::forget(rx);
-        super::Sequence::new(id, request(id as u32, len, 4), 0, tokenizer.clone(), tx)
-    };
-    sched.add(seq(1, 8));
-    assert!(sched.schedule().is_some(), "Z's prefill");
-    sched.add(seq(2, 8 * crate::kv::BLOCK_SIZE));
-    sched.add(seq(3, 8 * crate::kv::BLOCK_SIZE));
-    assert!(sched.schedule().is_some(), "the first chunk of one prompt");
-    assert!(sched.schedule().is_some(), "its second chunk");
-    let m = sched.metrics();
-    assert_eq!(m.num_requests_running, 2, "{m:?}");
-    assert_eq!(m.num_requests_waiting, 1, "{m:?}");
 }
