@@ -2,6 +2,7 @@
 //! own JSON answers share one type.
 
 pub mod output;
+pub mod stall;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

@@ -5,7 +5,7 @@
 //! local slot. Without `[shared]`, or with a bundled engine (each gateway's own), it
 //! passes requests through untouched.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use http::{HeaderValue, Request, Response};
@@ -13,9 +13,10 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 
 use super::{Arrival, Lease, Shared};
+use crate::body::stall::watch_writes;
 use crate::body::{BoxError, GatewayBody, Tap, TapBody};
 use crate::error::GatewayError;
-use crate::middleware::admission::{Admission, QueueTime, UpstreamStart};
+use crate::middleware::admission::{Admission, QueueTime, UpstreamStart, WRITE_STALL};
 use crate::middleware::around::{Answer, Around, Inner};
 use crate::middleware::auth::Caller;
 use crate::policy::PolicyStore;
@@ -106,20 +107,28 @@ fn held(
         SHARED_WAIT_HEADER,
         HeaderValue::from(waited.as_millis() as u64),
     );
-    let body = TapBody::new(body, Held(Some(lease))).boxed_unsync();
+    let lease = Arc::new(Mutex::new(Some(lease)));
+    let body = TapBody::new(body, Held(lease.clone())).boxed_unsync();
+    // Given back too when the client stops reading, as its local slot is.
+    let body = watch_writes(body, WRITE_STALL, move || drop(give_back(&lease)));
     Ok(Response::from_parts(parts, body))
+}
+
+/// The lease, once.
+fn give_back(lease: &Mutex<Option<Lease>>) -> Option<Lease> {
+    lease.lock().unwrap_or_else(PoisonError::into_inner).take()
 }
 
 /// The lease, given back when the body ends, fails or is dropped.
 #[derive(Debug)]
-struct Held(Option<Lease>);
+struct Held(Arc<Mutex<Option<Lease>>>);
 
 impl Tap for Held {
     fn ended(&mut self, _result: Result<(), &BoxError>) {
-        self.0 = None;
+        drop(give_back(&self.0));
     }
 
     fn dropped(&mut self, _complete: bool) {
-        self.0 = None;
+        drop(give_back(&self.0));
     }
 }

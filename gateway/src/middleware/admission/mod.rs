@@ -39,5 +39,5 @@ pub use service::{
     Admit, QueueTime, DEADLINE_MS_HEADER, PREDICTED_TTFT_MS_HEADER, QUEUE_MS_HEADER,
 };
 pub use shed::Shed;
-pub use slot::slot_body;
+pub use slot::{slot_body, WRITE_STALL};
 pub use wait::{acquire, Admitted};

@@ -1,26 +1,43 @@
 //! The slot's lifetime: held until the response's last byte is sent or the client goes away —
 //! not just until the headers (what tower's `ConcurrencyLimit` does), since an LLM response
-//! streams for seconds to minutes after its headers.
+//! streams for seconds to minutes after its headers — or until the client stops reading it for
+//! [`WRITE_STALL`] ([`crate::body::stall`]): a client that keeps its window shut held its slot
+//! for as long as it kept the connection.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use http_body_util::BodyExt;
 
 use super::queue::Permit;
+use crate::body::stall::watch_writes;
 use crate::body::{output, BoxError, GatewayBody, Tap, TapBody};
 use crate::telemetry::Metrics;
 
-/// `inner`, holding `permit` until it ends, fails or is dropped.
+/// How long a client may leave a response's next bytes untaken before its slot is given back.
+pub const WRITE_STALL: Duration = Duration::from_secs(60);
+
+/// `inner`, holding `permit` until it ends, fails or is dropped, or its client stops reading.
 pub fn slot_body(inner: GatewayBody, permit: Permit, metrics: Arc<Metrics>) -> GatewayBody {
-    TapBody::new(
-        inner,
-        Slot {
-            permit: Some(permit),
-            metrics,
-            first: false,
-        },
-    )
-    .boxed_unsync()
+    let held = Arc::new(Mutex::new(Some(permit)));
+    let slot = Slot {
+        permit: held.clone(),
+        metrics: metrics.clone(),
+        first: false,
+    };
+    let body = TapBody::new(inner, slot).boxed_unsync();
+    watch_writes(body, WRITE_STALL, move || {
+        if take(&held).is_some() {
+            tracing::info!(
+                "a client took none of its response for {WRITE_STALL:?}: its slot is given back"
+            );
+        }
+    })
+}
+
+/// The permit, once.
+fn take(held: &Mutex<Option<Permit>>) -> Option<Permit> {
+    held.lock().unwrap_or_else(PoisonError::into_inner).take()
 }
 
 /// The held slot; its first output ends the prefill and times it (its first output, not its
@@ -29,7 +46,7 @@ pub fn slot_body(inner: GatewayBody, permit: Permit, metrics: Arc<Metrics>) -> G
 /// last byte).
 #[derive(Debug)]
 struct Slot {
-    permit: Option<Permit>,
+    permit: Arc<Mutex<Option<Permit>>>,
     metrics: Arc<Metrics>,
     /// The first token went by (the prefill budget was given back).
     first: bool,
@@ -37,7 +54,7 @@ struct Slot {
 
 impl Slot {
     fn release(&mut self) {
-        if let Some(p) = self.permit.take() {
+        if let Some(p) = take(&self.permit) {
             self.metrics
                 .upstream_duration
                 .observe(p.granted_at().elapsed());
@@ -47,7 +64,8 @@ impl Slot {
 
 impl Tap for Slot {
     fn data(&mut self, data: &bytes::Bytes) {
-        let Some(p) = &self.permit else { return };
+        let held = self.permit.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(p) = held.as_ref() else { return };
         let out = output::scan(data);
         if !self.first && out.past_prefill() {
             self.first = true;

@@ -539,3 +539,25 @@ async fn a_wait_whose_client_leaves_is_observed_too() {
     assert_eq!(waits.count, 2, "the grant and the wait its client left");
     assert!((waits.sum - 5.0).abs() < 0.1, "{}", waits.sum);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_stops_reading_its_response_gives_its_slot_back() {
+    let adm = Admission::new(limits(1, 4));
+    let a = acquire(adm.clone(), interactive(10)).await.expect("slot");
+    let (mut tx, rx) =
+        http_body_util::channel::Channel::<bytes::Bytes, crate::body::BoxError>::new(4);
+    let mut body = slot_body(rx.boxed_unsync(), a.permit, Default::default());
+    tx.send_data(bytes::Bytes::from_static(b"data: {}\n\n"))
+        .await
+        .expect("send");
+    // The client's connection takes one frame, then no more (its window stays shut).
+    body.frame().await.expect("frame").expect("ok");
+    tokio::time::sleep(slot::WRITE_STALL - Duration::from_secs(1)).await;
+    assert_eq!(adm.snapshot().active, 1, "still read within the bound");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(adm.snapshot().active, 0, "the slot is given back");
+    // The stream itself goes on as it can; its end frees nothing twice.
+    drop(tx);
+    drop(body);
+    assert_eq!(adm.snapshot().active, 0);
+}
