@@ -19,23 +19,27 @@ use tokio::time::Instant;
 use super::{BoxError, GatewayBody};
 
 /// `body`, whose writes are watched: `on_stall` runs once (in a task of its own) when a frame
-/// handed to the client's connection is not followed by the next poll within `limit`. Nothing
-/// runs once the body is gone.
+/// handed to the client's connection is not followed by the next poll within `limit`. The watch
+/// ends with the body.
 pub fn watch_writes(
     body: GatewayBody,
     limit: Duration,
     on_stall: impl FnOnce() + Send + 'static,
 ) -> GatewayBody {
     let handed = Arc::new(Mutex::new(None));
-    let watch = Arc::downgrade(&handed);
+    let watch = handed.clone();
+    // Dropped with the body: the watch ends then (its timer and task gone at once, not at
+    // its next check: at a thousand responses a second those would pile up).
+    let (alive, gone) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
+        tokio::pin!(gone);
         let mut check = Instant::now() + limit;
         loop {
-            tokio::time::sleep_until(check).await;
-            let Some(handed) = watch.upgrade() else {
-                return;
-            };
-            let at: Option<Instant> = *handed.lock().unwrap_or_else(PoisonError::into_inner);
+            tokio::select! {
+                _ = &mut gone => return,
+                () = tokio::time::sleep_until(check) => {}
+            }
+            let at: Option<Instant> = *watch.lock().unwrap_or_else(PoisonError::into_inner);
             match at {
                 Some(at) if at + limit <= Instant::now() => break,
                 Some(at) => check = at + limit,
@@ -47,6 +51,7 @@ pub fn watch_writes(
     Watched {
         inner: body,
         handed,
+        _alive: alive,
     }
     .boxed_unsync()
 }
@@ -55,6 +60,8 @@ pub fn watch_writes(
 struct Watched {
     inner: GatewayBody,
     handed: Arc<Mutex<Option<Instant>>>,
+    /// Its drop ends the watch.
+    _alive: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Body for Watched {
