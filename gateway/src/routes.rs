@@ -119,7 +119,7 @@ impl Router {
                 "path": loaded.path.as_ref().map(|p| p.display().to_string()),
                 "restart_pending": loaded.restart_pending,
                 "access_changes": loaded.access_changes,
-                "policy": shown(&loaded.policy),
+                "policy": crate::policy::redact::shown(&loaded.policy),
             }),
         ))
     }
@@ -178,56 +178,4 @@ pub fn json_ok(status: StatusCode, value: &serde_json::Value) -> Response<Gatewa
         HeaderValue::from_static("application/json"),
     );
     resp
-}
-
-/// The policy as `/admin/policy` shows it: every URL that may hold a secret shown as validation
-/// errors quote it ([`crate::policy::redact`]): the Redis, upstream, Alertmanager and trace
-/// collector URLs without the password of their userinfo (a Redis URL holds one for
-/// `requirepass`), webhooks by their host alone (a webhook's path is its secret). Reading the
-/// policy back needs none of them.
-fn shown(policy: &crate::policy::Policy) -> serde_json::Value {
-    use crate::policy::redact::{host_only, without_password};
-    let mut v = serde_json::to_value(policy).unwrap_or(serde_json::Value::Null);
-    type Redact = fn(&str) -> String;
-    let fields: [(&str, Redact); 5] = [
-        ("/shared/redis_url", without_password),
-        ("/upstream/urls", without_password),
-        ("/alerts/alertmanager_urls", without_password),
-        ("/alerts/webhooks", host_only),
-        ("/traces/endpoint", without_password),
-    ];
-    for (pointer, redact) in fields {
-        let Some(field) = v.pointer_mut(pointer) else {
-            continue;
-        };
-        let urls: Vec<&mut serde_json::Value> = match field {
-            serde_json::Value::Array(items) => items.iter_mut().collect(),
-            one => vec![one],
-        };
-        for url in urls {
-            if let Some(s) = url.as_str() {
-                *url = serde_json::Value::String(redact(s));
-            }
-        }
-    }
-    v
-}
-
-#[cfg(test)]
-mod shown_tests {
-    #[test]
-    fn the_admin_policy_shows_no_secret_a_url_holds() {
-        let mut p = crate::policy::Policy::default();
-        p.shared.redis_url = Some("redis://:r3dis@10.0.0.5:6379".into());
-        p.upstream.urls = vec!["https://u:upstr3am@vllm:8000".into()];
-        p.alerts.alertmanager_urls = vec!["http://am:al3rt@am:9093".into()];
-        p.alerts.webhooks = vec!["https://hooks.slack.com/services/T0/B0/w3bhook".into()];
-        p.traces.endpoint = Some("https://t:tr4ce@otel:4318".into());
-        let shown = super::shown(&p).to_string();
-        for secret in ["r3dis", "upstr3am", "al3rt", "w3bhook", "tr4ce"] {
-            assert!(!shown.contains(secret), "{secret} in {shown}");
-        }
-        assert!(shown.contains("hooks.slack.com"), "{shown}");
-        assert!(shown.contains("vllm:8000"), "{shown}");
-    }
 }

@@ -213,19 +213,14 @@ impl Scheduler {
         let owed: usize = self
             .running
             .iter()
-            .map(|s| {
-                s.tokens
-                    .len()
-                    .div_ceil(BLOCK_SIZE)
-                    .saturating_sub(s.table.blocks().len())
-            })
+            .map(|s| s.table.blocks_needed(s.tokens.len()))
             .sum();
         let mut free = self.pool.n_free().saturating_sub(owed);
         while self.running.len() < self.cfg.max_running {
             let Some(seq) = self.waiting.front() else {
                 break;
             };
-            let need = seq.tokens.len().div_ceil(BLOCK_SIZE);
+            let need = seq.table.blocks_needed(seq.tokens.len());
             if need > free && !self.running.is_empty() {
                 break; // new work waits for KV blocks
             }

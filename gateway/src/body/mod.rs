@@ -20,6 +20,14 @@ pub fn full(bytes: impl Into<Bytes>) -> GatewayBody {
         .boxed_unsync()
 }
 
+/// Whether a response is a server-sent-event stream.
+pub fn is_sse(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
 /// A JSON response body.
 pub fn json(value: &serde_json::Value) -> GatewayBody {
     full(value.to_string())

@@ -16,7 +16,7 @@ use super::client::{http_client, HttpClient};
 use super::connection::closed_before_answering;
 use super::idle::IdleBody;
 use super::upstream::{Target, Upstream};
-use crate::body::GatewayBody;
+use crate::body::{is_sse, GatewayBody};
 use crate::error::GatewayError;
 use crate::middleware::admission::UpstreamStart;
 use crate::middleware::auth::PRIORITY_HEADER;
@@ -181,14 +181,6 @@ impl Service<Request<Json>> for Forward {
             Ok(Response::from_parts(rparts, body))
         })
     }
-}
-
-/// Whether a response is a server-sent-event stream.
-fn is_sse(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// The request as it goes upstream, rebuilt for each attempt.

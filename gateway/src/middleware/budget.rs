@@ -31,7 +31,7 @@ use super::auth::Caller;
 use super::cap::MaxTokens;
 use super::count::PromptTokens;
 use super::rate_limit::{limited, RateLimit};
-use crate::body::{Tap, TapBody};
+use crate::body::{is_sse, Tap, TapBody};
 use crate::error::GatewayError;
 use crate::policy::{Class, Tenant};
 use crate::shared::{budget as shared_budget, Arrival, Arrived, Ask, Rate, Refused, Shared};
@@ -173,85 +173,61 @@ impl Budget {
         }
     }
 
-    /// `tenant`'s budget charged `needed` (and the lease's try), locally or in Redis; with
-    /// `[shared]` its rate limit too, in the same script. While Redis is unavailable, by
-    /// `fail`: the gateway's share of the rate, then of the budget, counted locally.
+    /// `tenant`'s arrival: its budget charged `needed` when it has one (`tokens`: budget,
+    /// needed), locally or in Redis; with `[shared]` its rate limit too and the lease's try, in
+    /// the same script. While Redis is unavailable, by `fail`: the gateway's share of the rate,
+    /// then of the budget, counted locally. The charge to settle, if any, and the arrival.
     async fn arrive(
         &self,
         tenant: &Tenant,
-        budget: u64,
-        needed: u64,
+        tokens: Option<(u64, u64)>,
         class: Class,
-    ) -> Result<(Held, Option<Arrival>), GatewayError> {
-        let Some(shared) = &self.shared else {
+    ) -> Result<(Option<Held>, Option<Arrival>), GatewayError> {
+        let local = |budget: u64, needed: u64| {
             let charge = self.budgets.charge(&tenant.name, budget, needed)?;
-            return Ok((Held::Local(charge), None));
+            Ok::<_, GatewayError>((Some(Held::Local(charge)), None))
+        };
+        let Some(shared) = &self.shared else {
+            return match tokens {
+                Some((budget, needed)) => local(budget, needed),
+                None => Ok((None, None)),
+            };
         };
         let ask = Ask {
             tenant: &tenant.name,
             rate: tenant
                 .requests_per_second
                 .map(|r| Rate::new(r, tenant.burst)),
-            tokens: Some((budget, needed)),
+            tokens,
             class,
-            lease: true,
         };
-        let refused = |budget: u64, retry_after| GatewayError::TokenBudget {
-            tenant: tenant.name.clone(),
-            budget,
-            needed,
-            retry_after,
-        };
-        match shared.arrive(&ask).await {
-            Ok(Ok(Arrived {
-                charge: Some(c),
-                arrival,
-            })) => Ok((Held::Shared(c), Some(arrival))),
-            Ok(Ok(_)) => Err(GatewayError::Internal(
-                "a budget arrived without its charge".into(),
+        match (shared.arrive(&ask).await, tokens) {
+            (Ok(Ok(Arrived { charge, arrival })), _) if charge.is_some() == tokens.is_some() => {
+                Ok((charge.map(Held::Shared), Some(arrival)))
+            }
+            (Ok(Ok(_)), _) => Err(GatewayError::Internal(
+                "an arrival's charge does not match the budget asked".into(),
             )),
-            Ok(Err(Refused::Rate(wait))) => Err(limited(tenant, wait)),
-            Ok(Err(Refused::Budget(wait))) => Err(refused(budget, wait)),
-            Err(why) => {
+            (Ok(Err(Refused::Rate(wait))), _) => Err(limited(tenant, wait)),
+            (Ok(Err(Refused::Budget(retry_after))), Some((budget, needed))) => {
+                Err(GatewayError::TokenBudget {
+                    tenant: tenant.name.clone(),
+                    budget,
+                    needed,
+                    retry_after,
+                })
+            }
+            (Ok(Err(Refused::Budget(_))), None) => Err(GatewayError::Internal(
+                "a budget refused, none asked".into(),
+            )),
+            (Err(why), _) => {
                 shared.on_unavailable(why)?;
                 let n = shared.share();
                 self.rates.take_share(tenant, n)?;
-                let share = (budget / n as u64).max(1);
-                let charge = self.budgets.charge(&tenant.name, share, needed)?;
-                Ok((Held::Local(charge), None))
-            }
-        }
-    }
-}
-
-impl Budget {
-    /// With `[shared]`, the arrival of a tenant with a rate and no budget: its rate (and the
-    /// lease's try) in the one script; while Redis is unavailable, by `fail` (the gateway's
-    /// share of the rate, counted locally).
-    async fn arrive_rated(
-        &self,
-        shared: &Arc<Shared>,
-        tenant: &Tenant,
-        rate: f64,
-        class: Class,
-    ) -> Result<Option<Arrival>, GatewayError> {
-        let ask = Ask {
-            tenant: &tenant.name,
-            rate: Some(Rate::new(rate, tenant.burst)),
-            tokens: None,
-            class,
-            lease: true,
-        };
-        match shared.arrive(&ask).await {
-            Ok(Ok(a)) => Ok(Some(a.arrival)),
-            Ok(Err(Refused::Rate(wait))) => Err(limited(tenant, wait)),
-            Ok(Err(Refused::Budget(_))) => Err(GatewayError::Internal(
-                "a budget refused, none asked".into(),
-            )),
-            Err(why) => {
-                shared.on_unavailable(why)?;
-                self.rates.take_share(tenant, shared.share())?;
-                Ok(None)
+                match tokens {
+                    Some((budget, needed)) => local((budget / n as u64).max(1), needed),
+                    None => Ok((None, None)),
+                }
             }
         }
     }
@@ -265,45 +241,40 @@ impl<B: Send + 'static> Around<B> for Budget {
         let Some(tenant) = tenant else {
             return Box::pin(inner.call(req));
         };
-        let Some(budget) = tenant.tokens_per_minute else {
-            return match (&self.shared, tenant.requests_per_second) {
-                (Some(shared), Some(rate)) => {
-                    let (stage, shared) = (self.clone(), shared.clone());
-                    Box::pin(async move {
-                        if let Some(a) = stage.arrive_rated(&shared, &tenant, rate, class).await? {
-                            req.extensions_mut().insert(a);
-                        }
-                        inner.call(req).await
-                    })
-                }
-                _ => Box::pin(inner.call(req)),
-            };
-        };
+        // A budget to charge; with `[shared]`, a rate to take in the arrival's script too.
+        let shared_rate = self.shared.is_some() && tenant.requests_per_second.is_some();
+        if tenant.tokens_per_minute.is_none() && !shared_rate {
+            return Box::pin(inner.call(req));
+        }
         let prompt = ext.get::<PromptTokens>().map_or(0, |p| p.0) as u64;
         let max = ext.get::<MaxTokens>().map_or(0, |m| m.0) as u64;
+        let tokens = tenant
+            .tokens_per_minute
+            .map(|budget| (budget, prompt + max));
         let stage = self.clone();
         Box::pin(async move {
-            let (charge, arrival) = stage.arrive(&tenant, budget, prompt + max, class).await?;
+            let (charge, arrival) = stage.arrive(&tenant, tokens, class).await?;
+            if let Some(a) = arrival {
+                // The lease the arrival took (if any), for the shared ceiling's stage.
+                req.extensions_mut().insert(a);
+            }
+            let Some(charge) = charge else {
+                // A rate alone: nothing to settle.
+                return inner.call(req).await;
+            };
             // Refused or failed before anything was generated, or the client gone while the
             // request waited (this future dropped): nothing to charge.
             let mut charge = Reserved {
                 charge,
                 started: false,
             };
-            if let Some(a) = arrival {
-                // The lease the arrival took (if any), for the shared ceiling's stage.
-                req.extensions_mut().insert(a);
-            }
             let resp = inner.call(req).await?;
             if !resp.status().is_success() {
                 // Nothing generated: `charge` goes back whole as it drops.
                 return Ok(resp);
             }
             charge.started = true;
-            let stream = resp
-                .headers()
-                .get(http::header::CONTENT_TYPE)
-                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+            let stream = is_sse(resp.headers());
             Ok(resp.map(|b| {
                 let settle = Settle {
                     reserved: charge,

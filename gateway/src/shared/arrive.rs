@@ -31,9 +31,6 @@ pub struct Ask<'a> {
     /// The tenant's budget per minute and the tokens this request needs, if it has a budget.
     pub tokens: Option<(u64, u64)>,
     pub class: Class,
-    /// Whether to try for the shared ceiling's lease (with a free local slot): only once the
-    /// body is in, so a client that stalls mid-upload holds no shared slot.
-    pub lease: bool,
 }
 
 /// Why the arrival was refused, and when to retry.
@@ -58,9 +55,7 @@ impl Shared {
         self: &Arc<Self>,
         ask: &Ask<'_>,
     ) -> Result<Result<Arrived, Refused>, Unavailable> {
-        let lease = (ask.lease)
-            .then(|| self.ceiling.as_ref().zip(self.local_room()))
-            .flatten();
+        let lease = self.ceiling.as_ref().zip(self.local_room());
         let parts: String = [
             (ask.rate.is_some(), 'r'),
             (ask.tokens.is_some(), 'b'),

@@ -129,7 +129,6 @@ async fn connected(redis: &RealRedis, prefix: &str) -> (Arc<Shared>, Arc<Admissi
         rate: Some(Rate::new(1000.0, 100)),
         tokens: None,
         class: Class::Interactive,
-        lease: false,
     };
     assert!(matches!(shared.arrive(&warm).await, Ok(Ok(_))));
     let admission = Admission::new(Limits::from(&p.admission));
@@ -159,7 +158,6 @@ async fn an_arrival_abandoned_while_redis_runs_its_script_leaves_nothing_taken()
             rate: None,
             tokens: Some((1000, 500)),
             class: Class::Interactive,
-            lease: true,
         };
         s.arrive(&ask).await.map(|r| r.is_ok())
     });

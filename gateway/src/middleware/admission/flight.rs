@@ -20,7 +20,7 @@ pub(super) struct Flight {
     /// Arrival at admission, and the slot's grant.
     pub arrived: Instant,
     pub granted: Instant,
-    /// When the upstream had it ([`super::Permit::upstream_started`]), if marked: time held at
+    /// When the upstream had it ([`super::Permit::upstream_start`]), if marked: time held at
     /// the shared ceiling or in forward's retries after the grant is not prefill.
     pub started: Option<Instant>,
     /// Predicted on arrival: arrival → first token.

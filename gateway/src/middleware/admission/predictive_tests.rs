@@ -446,7 +446,7 @@ async fn prefill_is_timed_from_when_the_upstream_started() {
     // 5 s at the shared ceiling (or in forward's retries) before the upstream has it, then
     // the seed's own 0.5 s of prefill.
     tokio::time::advance(Duration::from_secs(5)).await;
-    a.permit.upstream_started();
+    a.permit.upstream_start().mark();
     tokio::time::advance(Duration::from_millis(500)).await;
     a.permit.first_token();
     let p = adm.prediction().parameters;

@@ -224,17 +224,10 @@ impl Permit {
         pair
     }
 
-    /// The upstream has the request now (after the shared ceiling's lease, or at a retry): its
-    /// prefill is timed from here, not from the grant ([`Self::upstream_start`] for a stage
-    /// that only has the request). The latest mark before the first token counts.
-    pub fn upstream_started(&self) {
-        if let Some(admission) = &self.admission {
-            admission.lock().upstream_started(self.id);
-        }
-    }
-
-    /// A handle that marks [`Self::upstream_started`] for this permit, for the stages below
-    /// admission (the admission service puts one in the request's extensions).
+    /// A handle that marks when the upstream has the request (after the shared ceiling's lease,
+    /// or at a retry): its prefill is timed from there, not from the grant; the latest mark
+    /// before the first token counts. For the stages below admission (the admission service
+    /// puts one in the request's extensions).
     pub fn upstream_start(&self) -> UpstreamStart {
         UpstreamStart {
             admission: self
@@ -253,7 +246,7 @@ impl Permit {
     }
 }
 
-/// Marks when the upstream started on a granted request ([`Permit::upstream_started`]): a
+/// Marks when the upstream started on a granted request ([`Permit::upstream_start`]): a
 /// request extension from the admission service, for the stages between it and the upstream
 /// (the shared ceiling marks once it holds its lease). Once the permit is gone, a no-op.
 #[derive(Clone, Debug)]
