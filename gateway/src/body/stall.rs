@@ -56,6 +56,36 @@ pub fn watch_writes(
     .boxed_unsync()
 }
 
+/// What a stage inside admission gives back when its response's client stops reading (the
+/// shared ceiling's lease), carried out in the response's extensions to admission's watch
+/// ([`crate::middleware::admission::slot_body`]): one watch, one task, a response.
+#[derive(Clone)]
+pub struct OnStall(Arc<Mutex<Option<GiveBack>>>);
+
+/// What [`OnStall`] runs.
+type GiveBack = Box<dyn FnOnce() + Send>;
+
+impl std::fmt::Debug for OnStall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnStall").finish_non_exhaustive()
+    }
+}
+
+impl OnStall {
+    /// `f`, to run at most once.
+    pub fn new(f: impl FnOnce() + Send + 'static) -> Self {
+        OnStall(Arc::new(Mutex::new(Some(Box::new(f)))))
+    }
+
+    /// Runs it (once).
+    pub fn run(&self) {
+        let f = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(f) = f {
+            f();
+        }
+    }
+}
+
 /// The body and when it last handed a frame over that the connection has not come back after.
 struct Watched {
     inner: GatewayBody,

@@ -4,6 +4,10 @@
 //! ([`super::Arrival`]), and the response body holds the lease until its end, as it holds the
 //! local slot. Without `[shared]`, or with a bundled engine (each gateway's own), it
 //! passes requests through untouched.
+//!
+//! The lease also goes back when the client stops reading, by admission's write-stall watch:
+//! this stage hands it an [`OnStall`] in the response's extensions, so it must sit inside
+//! admission (`app::stack`), whose `slot_body` takes it out.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -13,10 +17,10 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 
 use super::{Arrival, Lease, Shared};
-use crate::body::stall::watch_writes;
+use crate::body::stall::OnStall;
 use crate::body::{BoxError, GatewayBody, Tap, TapBody};
 use crate::error::GatewayError;
-use crate::middleware::admission::{Admission, QueueTime, UpstreamStart, WRITE_STALL};
+use crate::middleware::admission::{Admission, QueueTime, UpstreamStart};
 use crate::middleware::around::{Answer, Around, Inner};
 use crate::middleware::auth::Caller;
 use crate::policy::PolicyStore;
@@ -97,7 +101,7 @@ impl<B: Send + 'static> Around<B> for SharedCeiling {
 }
 
 /// The response with its body holding `lease`, and the time waited for it.
-fn held(
+pub(super) fn held(
     resp: Response<GatewayBody>,
     lease: Lease,
     waited: Duration,
@@ -109,8 +113,10 @@ fn held(
     );
     let lease = Arc::new(Mutex::new(Some(lease)));
     let body = TapBody::new(body, Held(lease.clone())).boxed_unsync();
-    // Given back too when the client stops reading, as its local slot is.
-    let body = watch_writes(body, WRITE_STALL, move || drop(give_back(&lease)));
+    // Given back too when the client stops reading, by admission's watch of its local slot.
+    parts
+        .extensions
+        .insert(OnStall::new(move || drop(give_back(&lease))));
     Ok(Response::from_parts(parts, body))
 }
 

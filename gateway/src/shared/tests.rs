@@ -111,3 +111,27 @@ async fn fail_local_follows_a_reload_of_active_max_while_redis_is_away() {
     assert!(!shared.health().is_up());
     assert_eq!(admission.snapshot().active_max, 1, "2 slots / 2 replicas");
 }
+
+/// A response holding a lease hands admission's write-stall watch the lease's give-back (one
+/// watch a response): run, it frees the lease; the body's end then frees nothing twice.
+#[tokio::test(start_paused = true)]
+async fn a_held_response_hands_its_lease_to_the_stall_watch() {
+    let shared = unreachable(SharedFail::Local);
+    let lease = shared
+        .acquire(Class::Batch, 4, Duration::from_secs(60))
+        .await
+        .expect("decided locally");
+    let resp = http::Response::new(crate::body::full("data: {}\n\n"));
+    let resp = hold::held(resp, lease, Duration::ZERO).expect("held");
+    let on_stall = resp
+        .extensions()
+        .get::<crate::body::stall::OnStall>()
+        .expect("handed to the watch")
+        .clone();
+    assert_eq!(shared.report().leases, 1);
+    on_stall.run();
+    assert_eq!(shared.report().leases, 0, "given back at the stall");
+    drop(resp);
+    on_stall.run();
+    assert_eq!(shared.report().leases, 0);
+}

@@ -141,6 +141,7 @@ async fn replay(adm: Arc<Admission>, rec: &'static Recorded) -> Duration {
         inner.boxed_unsync(),
         admitted.permit,
         Arc::new(Metrics::default()),
+        None,
     );
     let reader = tokio::spawn(body.collect());
     sleep_until_ms(start, rec.role_ms).await;

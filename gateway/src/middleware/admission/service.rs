@@ -10,6 +10,7 @@ use tower::{Service, ServiceExt};
 use super::queue::{Admission, Ticket};
 use super::slot::slot_body;
 use super::wait::acquire_or;
+use crate::body::stall::OnStall;
 use crate::body::GatewayBody;
 use crate::error::GatewayError;
 use crate::middleware::auth::Caller;
@@ -157,6 +158,7 @@ where
                 .insert(admitted.permit.upstream_start());
             let resp = inner.oneshot(req).await?;
             let (mut parts, body) = resp.into_parts();
+            let also = parts.extensions.remove::<OnStall>();
             parts.headers.insert(
                 QUEUE_MS_HEADER,
                 HeaderValue::from(admitted.queued.as_millis() as u64),
@@ -165,7 +167,7 @@ where
                 PREDICTED_TTFT_MS_HEADER,
                 HeaderValue::from(admitted.permit.predicted().as_millis() as u64),
             );
-            let body = slot_body(body, admitted.permit, metrics);
+            let body = slot_body(body, admitted.permit, metrics, also);
             Ok(Response::from_parts(parts, body))
         })
     }

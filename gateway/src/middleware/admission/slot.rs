@@ -10,15 +10,21 @@ use std::time::Duration;
 use http_body_util::BodyExt;
 
 use super::queue::Permit;
-use crate::body::stall::watch_writes;
+use crate::body::stall::{watch_writes, OnStall};
 use crate::body::{output, BoxError, GatewayBody, Tap, TapBody};
 use crate::telemetry::Metrics;
 
 /// How long a client may leave a response's next bytes untaken before its slot is given back.
 pub const WRITE_STALL: Duration = Duration::from_secs(60);
 
-/// `inner`, holding `permit` until it ends, fails or is dropped, or its client stops reading.
-pub fn slot_body(inner: GatewayBody, permit: Permit, metrics: Arc<Metrics>) -> GatewayBody {
+/// `inner`, holding `permit` until it ends, fails or is dropped, or its client stops reading;
+/// then `also` runs too (what the stages inside gave the response to give back).
+pub fn slot_body(
+    inner: GatewayBody,
+    permit: Permit,
+    metrics: Arc<Metrics>,
+    also: Option<OnStall>,
+) -> GatewayBody {
     let held = Arc::new(Mutex::new(Some(permit)));
     let slot = Slot {
         permit: held.clone(),
@@ -31,6 +37,9 @@ pub fn slot_body(inner: GatewayBody, permit: Permit, metrics: Arc<Metrics>) -> G
             tracing::info!(
                 "a client took none of its response for {WRITE_STALL:?}: its slot is given back"
             );
+        }
+        if let Some(also) = also {
+            also.run();
         }
     })
 }

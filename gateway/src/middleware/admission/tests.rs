@@ -546,7 +546,13 @@ async fn a_client_that_stops_reading_its_response_gives_its_slot_back() {
     let a = acquire(adm.clone(), interactive(10)).await.expect("slot");
     let (mut tx, rx) =
         http_body_util::channel::Channel::<bytes::Bytes, crate::body::BoxError>::new(4);
-    let mut body = slot_body(rx.boxed_unsync(), a.permit, Default::default());
+    // What a stage inside gave the response to give back (the shared ceiling's lease).
+    let lease_back = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = lease_back.clone();
+    let also = crate::body::stall::OnStall::new(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    let mut body = slot_body(rx.boxed_unsync(), a.permit, Default::default(), Some(also));
     tx.send_data(bytes::Bytes::from_static(b"data: {}\n\n"))
         .await
         .expect("send");
@@ -554,10 +560,61 @@ async fn a_client_that_stops_reading_its_response_gives_its_slot_back() {
     body.frame().await.expect("frame").expect("ok");
     tokio::time::sleep(slot::WRITE_STALL - Duration::from_secs(1)).await;
     assert_eq!(adm.snapshot().active, 1, "still read within the bound");
+    assert_eq!(lease_back.load(std::sync::atomic::Ordering::SeqCst), 0);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(adm.snapshot().active, 0, "the slot is given back");
+    assert_eq!(
+        lease_back.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "and the lease, by the same watch"
+    );
     // The stream itself goes on as it can; its end frees nothing twice.
     drop(tx);
     drop(body);
     assert_eq!(adm.snapshot().active, 0);
+}
+
+/// What the stage inside (the shared ceiling's) hands over in the response's extensions runs
+/// at the slot's write stall: one watch gives back both, through the layer itself.
+#[tokio::test(start_paused = true)]
+async fn the_stall_watch_runs_what_the_inner_stage_handed_over() {
+    let adm = Admission::new(limits(1, 4));
+    let (mut tx, rx) =
+        http_body_util::channel::Channel::<bytes::Bytes, crate::body::BoxError>::new(4);
+    let body = Arc::new(std::sync::Mutex::new(Some(rx.boxed_unsync())));
+    let given_back = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = given_back.clone();
+    let inner = tower::service_fn(move |_: Request<()>| {
+        let body = body.lock().expect("body").take().expect("one request");
+        let counted = counted.clone();
+        async move {
+            let mut resp = Response::new(body);
+            resp.extensions_mut()
+                .insert(crate::body::stall::OnStall::new(move || {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }));
+            Ok::<_, GatewayError>(resp)
+        }
+    });
+    let admit = Admit::new(inner, adm.clone(), Default::default());
+    let resp = admit.oneshot(request()).await.expect("admitted");
+    assert!(
+        resp.extensions()
+            .get::<crate::body::stall::OnStall>()
+            .is_none(),
+        "taken by the watch"
+    );
+    let mut body = resp.into_body();
+    tx.send_data(bytes::Bytes::from_static(b"data: {}\n\n"))
+        .await
+        .expect("send");
+    body.frame().await.expect("frame").expect("ok");
+    tokio::time::sleep(slot::WRITE_STALL + Duration::from_secs(1)).await;
+    assert_eq!(adm.snapshot().active, 0, "the slot is given back");
+    assert_eq!(
+        given_back.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "and what the inner stage handed over"
+    );
+    drop(tx);
 }
