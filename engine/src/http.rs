@@ -39,9 +39,77 @@ pub fn connection_builder(header_read_timeout: Duration) -> auto::Builder<TokioE
     builder
 }
 
-/// Accepts connections on `listener` (with `TCP_NODELAY`) and runs `serve` on each, until
-/// `shutdown` completes; then drains: waits for the connections to finish gracefully, at most
-/// `drain` when given, after which the rest are closed.
+/// How many connections a server holds open at once. At the limit the accept loop keeps the
+/// connection it just accepted waiting (unserved) and accepts no more until one closes: new
+/// connections wait in the kernel's listen backlog instead of each taking a file descriptor, a
+/// task and a TLS handshake.
+#[derive(Clone, Debug)]
+pub struct ConnectionLimit {
+    slots: Arc<tokio::sync::Semaphore>,
+    max: usize,
+    /// Connections that waited for another to close, and when that was last logged.
+    waited: Arc<Mutex<(u64, Option<Instant>)>>,
+}
+
+/// At most one warning a minute while the limit is reached.
+const LIMIT_WARN_EVERY: Duration = Duration::from_secs(60);
+
+impl ConnectionLimit {
+    /// At most `max` connections (at least one).
+    pub fn new(max: usize) -> Self {
+        let max = max.max(1);
+        ConnectionLimit {
+            slots: Arc::new(tokio::sync::Semaphore::new(max)),
+            max,
+            waited: Arc::default(),
+        }
+    }
+
+    /// The limit.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Connections being served now.
+    pub fn open(&self) -> usize {
+        self.max - self.slots.available_permits()
+    }
+
+    /// How many accepted connections had to wait for another to close.
+    pub fn waited(&self) -> u64 {
+        self.waited.lock().unwrap_or_else(PoisonError::into_inner).0
+    }
+
+    /// A slot for a connection just accepted, waiting for one to close at the limit (logged at
+    /// most once every [`LIMIT_WARN_EVERY`]).
+    async fn slot(&self) -> tokio::sync::OwnedSemaphorePermit {
+        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            return slot;
+        }
+        {
+            let mut waited = self.waited.lock().unwrap_or_else(PoisonError::into_inner);
+            waited.0 += 1;
+            let now = Instant::now();
+            if waited.1.is_none_or(|last| now - last >= LIMIT_WARN_EVERY) {
+                waited.1 = Some(now);
+                tracing::warn!(
+                    max = self.max,
+                    times = waited.0,
+                    "connection limit reached; new connections wait in the listen backlog"
+                );
+            }
+        }
+        self.slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
+    }
+}
+
+/// Accepts connections on `listener` (with `TCP_NODELAY`), at most `limit` served at once, and
+/// runs `serve` on each, until `shutdown` completes; then drains: waits for the connections to
+/// finish gracefully, at most `drain` when given, after which the rest are closed.
 ///
 /// Accept errors (a connection reset before it was accepted, running out of file descriptors)
 /// are logged and retried, so this returns `Ok` once shut down.
@@ -49,6 +117,7 @@ pub async fn accept_loop<F, Fut>(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
     drain: Option<Duration>,
+    limit: ConnectionLimit,
     mut serve: F,
 ) -> std::io::Result<()>
 where
@@ -58,13 +127,23 @@ where
     let (stop, stopping) = watch::channel(false);
     let mut conns = JoinSet::new();
     tokio::pin!(shutdown);
-    loop {
+    'accepting: loop {
         tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => {
+                    // At the limit this connection waits, and no other is accepted meanwhile.
+                    // (A connection's slot goes back when its task ends, joined or not.)
+                    let held = tokio::select! {
+                        () = &mut shutdown => break 'accepting,
+                        held = limit.slot() => held,
+                    };
                     let _ = stream.set_nodelay(true);
-                    conns.spawn(serve(stream, Watcher(stopping.clone())));
+                    let conn = serve(stream, Watcher(stopping.clone()));
+                    conns.spawn(async move {
+                        conn.await;
+                        drop(held);
+                    });
                 }
                 Err(e) => accept_error(e).await,
             },
@@ -296,6 +375,67 @@ impl Drop for Busy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With a limit of 2, a third connection is not taken until one of the first two closes.
+    #[tokio::test]
+    async fn past_the_connection_limit_accepting_waits_for_a_close() {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let limit = ConnectionLimit::new(2);
+        let (served, mut serving) = tokio::sync::mpsc::unbounded_channel();
+        let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(accept_loop(
+            listener,
+            async move {
+                let _ = stopped.await;
+            },
+            None,
+            limit.clone(),
+            move |mut stream, _watcher| {
+                let served = served.clone();
+                async move {
+                    let mut byte = [0u8; 1];
+                    let _ = stream.read(&mut byte).await;
+                    let _ = served.send(byte[0]);
+                    // Open until the client closes.
+                    while stream.read(&mut byte).await.is_ok_and(|n| n > 0) {}
+                }
+            },
+        ));
+        let mut clients = Vec::new();
+        for id in 1..=3u8 {
+            let mut c = TcpStream::connect(addr).await.expect("connect");
+            tokio::io::AsyncWriteExt::write_all(&mut c, &[id])
+                .await
+                .expect("write");
+            clients.push(c);
+        }
+        let first_two = [serving.recv().await, serving.recv().await];
+        assert_eq!(first_two, [Some(1), Some(2)]);
+        let third = tokio::time::timeout(Duration::from_millis(300), serving.recv()).await;
+        assert!(third.is_err(), "the third was served past the limit");
+        assert_eq!(
+            (limit.open(), limit.waited()),
+            (2, 1),
+            "two served, one waited"
+        );
+        drop(clients.remove(0));
+        let third = tokio::time::timeout(Duration::from_secs(5), serving.recv()).await;
+        assert_eq!(third.expect("served once the first closed"), Some(3));
+        assert_eq!((limit.open(), limit.waited()), (2, 1));
+        drop(clients);
+        let closed = async {
+            while limit.open() > 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), closed)
+            .await
+            .expect("every slot back once the clients left");
+        assert_eq!(limit.waited(), 1, "reaching the limit alone is no wait");
+        server.abort();
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_connection_must_bring_its_first_request_sooner() {

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use http::{Request, Response};
 use hyper::body::Incoming;
+use sluice_engine::http::ConnectionLimit;
 use tower::util::BoxCloneSyncService;
 use tower::ServiceBuilder;
 
@@ -42,12 +43,15 @@ pub struct App {
     pub alerter: Arc<OnceLock<Alerter>>,
     /// The model name clients see.
     pub model: String,
+    /// The client connections the listener holds open at once (`server.max_connections`).
+    pub connections: ConnectionLimit,
 }
 
 impl App {
     /// An app whose admission limits start from the policy in force and follow its reloads.
     pub fn new(policy: Arc<PolicyStore>, upstream: Arc<dyn Upstream>, model: String) -> Self {
         let admission = Admission::new(Limits::from(&policy.current().policy.admission));
+        let policy_max_connections = policy.current().policy.server.max_connections;
         let mut changes = policy.subscribe();
         let follower = Arc::downgrade(&admission);
         tokio::spawn(async move {
@@ -81,6 +85,7 @@ impl App {
             metrics: Arc::default(),
             shared,
             alerter: Arc::default(),
+            connections: ConnectionLimit::new(policy_max_connections),
             model,
         }
     }

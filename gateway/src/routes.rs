@@ -131,6 +131,7 @@ impl Router {
             .metrics
             .render(&app.admission.snapshot(), &app.upstream.ranks());
         crate::telemetry::metrics::render_policy(&mut text, &app.policy.current());
+        crate::telemetry::metrics::render_connections(&mut text, &app.connections);
         if let Some(shared) = &app.shared {
             crate::telemetry::metrics::render_shared(&mut text, &shared.report());
         }

@@ -26,8 +26,9 @@ use crate::routes::Router;
 /// How long a client may take to finish the TLS handshake or send a request's headers.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves `router` on `listener` (over TLS when `tls` is given) until `shutdown` completes;
-/// then stops accepting, lets in-flight requests finish for up to `drain`, and returns.
+/// Serves `router` on `listener` (over TLS when `tls` is given), at most the app's
+/// `connections` open at once, until `shutdown` completes; then stops accepting, lets in-flight
+/// requests finish for up to `drain`, and returns.
 pub async fn serve(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
@@ -36,16 +37,23 @@ pub async fn serve(
     drain: Duration,
 ) -> std::io::Result<()> {
     let builder = Arc::new(connection_builder(HANDSHAKE_TIMEOUT));
+    let limit = router.app.connections.clone();
     let router = Arc::new(router);
-    accept_loop(listener, shutdown, Some(drain), move |stream, watcher| {
-        connection(
-            stream,
-            tls.clone(),
-            router.clone(),
-            builder.clone(),
-            watcher,
-        )
-    })
+    accept_loop(
+        listener,
+        shutdown,
+        Some(drain),
+        limit,
+        move |stream, watcher| {
+            connection(
+                stream,
+                tls.clone(),
+                router.clone(),
+                builder.clone(),
+                watcher,
+            )
+        },
+    )
     .await
 }
 
@@ -99,9 +107,60 @@ async fn serve_connection<IO>(
     }
 }
 
+/// File descriptors the gateway needs beside its client connections (upstream connections,
+/// Redis, the policy watch, logs), as a floor.
+const FDS_BESIDE_CLIENTS: u64 = 64;
+
+/// Warns when the process's soft limit on open files leaves fewer than [`FDS_BESIDE_CLIENTS`]
+/// beside `max_connections`: the connection limit would never be reached, accepting would fail
+/// with "too many open files" instead. Linux only (`/proc/self/limits`); silent elsewhere.
+pub fn warn_if_fds_short(max_connections: usize) {
+    let Ok(limits) = std::fs::read_to_string("/proc/self/limits") else {
+        return;
+    };
+    if let Some(soft) = soft_open_files(&limits) {
+        let needed = max_connections as u64 + FDS_BESIDE_CLIENTS;
+        if soft < needed {
+            tracing::warn!(
+                soft_limit = soft,
+                max_connections,
+                "the open-files limit is below server.max_connections + {FDS_BESIDE_CLIENTS}: \
+                 raise it (ulimit -n, LimitNOFILE=) or lower server.max_connections"
+            );
+        }
+    }
+}
+
+/// The soft limit of "Max open files" in `/proc/self/limits` (`None`: unlimited or unread).
+fn soft_open_files(limits: &str) -> Option<u64> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Holds a connection's [`Busy`] mark until the response body ends or is dropped.
 struct Held {
     _busy: Busy,
 }
 
 impl Tap for Held {}
+
+#[cfg(test)]
+mod tests {
+    use super::soft_open_files;
+
+    #[test]
+    fn the_soft_open_files_limit_is_read_from_proc_limits() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max processes             95360                95360                processes \n\
+                      Max open files            1024                 524288               files     \n";
+        assert_eq!(soft_open_files(limits), Some(1024));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(soft_open_files(unlimited), None);
+        assert_eq!(soft_open_files(""), None);
+    }
+}

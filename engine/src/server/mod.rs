@@ -55,6 +55,9 @@ use metrics::HttpMetrics;
 /// How long a connection may take to send a request's headers (also the keep-alive idle
 /// limit of HTTP/1 connections).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections the engine's server holds open at once (its clients are a gateway's pool or a
+/// few benchmark clients; past this, new ones wait in the listen backlog).
+const MAX_CONNECTIONS: usize = 1024;
 
 /// Serves `engine` on `listener` until `shutdown` completes; then stops accepting, lets the
 /// requests in flight finish (streams included) for at most `drain`, closes the connections
@@ -75,9 +78,14 @@ pub async fn serve(
         created: unix_now(),
     });
     let builder = Arc::new(crate::http::connection_builder(HEADER_READ_TIMEOUT));
-    crate::http::accept_loop(listener, shutdown, Some(drain), move |stream, watcher| {
-        connection(stream, state.clone(), builder.clone(), watcher)
-    })
+    let limit = crate::http::ConnectionLimit::new(MAX_CONNECTIONS);
+    crate::http::accept_loop(
+        listener,
+        shutdown,
+        Some(drain),
+        limit,
+        move |stream, watcher| connection(stream, state.clone(), builder.clone(), watcher),
+    )
     .await
 }
 

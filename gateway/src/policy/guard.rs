@@ -49,6 +49,7 @@ restart_keys!(
     server.tls_cert,
     server.tls_key,
     server.drain_timeout,
+    server.max_connections,
     upstream.kind,
     upstream.urls,
     upstream.ranks,

@@ -46,6 +46,9 @@ pub struct Server {
     /// closed gracefully (read when the connection opens).
     #[serde(with = "super::duration")]
     pub idle_timeout: Duration,
+    /// Client connections held open at once; past it new ones wait in the listen backlog until
+    /// one closes. Read at start: a change needs a restart.
+    pub max_connections: usize,
 }
 
 impl Default for Server {
@@ -58,6 +61,7 @@ impl Default for Server {
             body_limit_bytes: 4 << 20,
             drain_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(75),
+            max_connections: 1000,
         }
     }
 }

@@ -177,6 +177,16 @@ refused!(
     "server.tls_cert"
 );
 refused!(
+    server_max_connections_zero,
+    "[server]\nmax_connections = 0",
+    "server.max_connections"
+);
+refused!(
+    server_max_connections_past_a_million,
+    "[server]\nmax_connections = 4611686018427387904",
+    "server.max_connections"
+);
+refused!(
     server_idle_timeout_zero,
     "[server]\nidle_timeout = \"0s\"",
     "server.idle_timeout"

@@ -18,6 +18,9 @@ use super::schema::{
     Admin, Admission, Alerts, Limits, Policy, Server, Tenant, Traces, Upstream, UpstreamKind,
 };
 
+/// The most `server.max_connections` may be: far past any file-descriptor limit in use.
+pub const MAX_CONNECTIONS_MAX: usize = 1_000_000;
+
 /// The longest `admission.queue_wait_max`, `server.drain_timeout`, `server.idle_timeout` and
 /// `upstream.start_timeout`.
 pub const DURATION_MAX: Duration = Duration::from_secs(3600);
@@ -166,6 +169,17 @@ fn server(s: &Server, out: &mut Problems) {
     }
     out.duration("server.drain_timeout", s.drain_timeout, DURATION_MAX, true);
     out.duration("server.idle_timeout", s.idle_timeout, DURATION_MAX, false);
+    out.positive(
+        "server.max_connections",
+        s.max_connections,
+        "no client could connect",
+    );
+    if s.max_connections > MAX_CONNECTIONS_MAX {
+        out.add(
+            "server.max_connections",
+            format!("must be at most {MAX_CONNECTIONS_MAX} (each takes a file descriptor)"),
+        );
+    }
 }
 
 fn limits(l: &Limits, out: &mut Problems) {

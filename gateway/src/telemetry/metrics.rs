@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+use sluice_engine::http::ConnectionLimit;
 use sluice_engine::prom::{escape, header as help, Histogram};
 
 use super::outcome::Outcome;
@@ -238,10 +239,7 @@ impl Metrics {
                 admission.prefill_tokens_max,
             ),
         ];
-        for (name, text, v) in gauges {
-            help(&mut out, name, text, "gauge");
-            let _ = writeln!(out, "{name} {v}");
-        }
+        gauges_of(&mut out, &gauges);
         help(
             &mut out,
             "sluice_queue_depth",
@@ -343,10 +341,38 @@ pub fn render_policy(out: &mut String, loaded: &LoadedPolicy) {
             loaded.access_changes.len() as u64,
         ),
     ];
+    gauges_of(out, &gauges);
+}
+
+/// Unlabelled gauges: (name, help, value).
+fn gauges_of<V: std::fmt::Display>(out: &mut String, gauges: &[(&str, &str, V)]) {
     for (name, text, v) in gauges {
         help(out, name, text, "gauge");
         let _ = writeln!(out, "{name} {v}");
     }
+}
+
+/// The listener's client connections against `server.max_connections`.
+pub fn render_connections(out: &mut String, limit: &ConnectionLimit) {
+    const MAX_HELP: &str = "Client connections served at once (server.max_connections); past it \
+        new ones wait in the listen backlog.";
+    const WAITS_HELP: &str =
+        "Accepted connections that waited for another to close (the limit reached).";
+    let gauges = [
+        (
+            "sluice_connections_open",
+            "Client connections being served now.",
+            limit.open() as u64,
+        ),
+        ("sluice_connections_max", MAX_HELP, limit.max() as u64),
+    ];
+    gauges_of(out, &gauges);
+    counter(
+        out,
+        "sluice_connections_limit_waits_total",
+        WAITS_HELP,
+        limit.waited(),
+    );
 }
 
 /// The state shared with the deployment's other gateways through Redis (`[shared]`).
@@ -368,10 +394,7 @@ pub fn render_shared(out: &mut String, s: &crate::shared::Report) {
             s.leases as u64,
         ),
     ];
-    for (name, text, v) in gauges {
-        help(out, name, text, "gauge");
-        let _ = writeln!(out, "{name} {v}");
-    }
+    gauges_of(out, &gauges);
     help(
         out,
         "sluice_shared_state_errors_total",

@@ -190,6 +190,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {listen}"))?;
     let scheme = if acceptor.is_some() { "https" } else { "http" };
     eprintln!("sluice: listening on {scheme}://{}", listener.local_addr()?);
+    server::warn_if_fds_short(policy.server.max_connections);
     server::serve(
         listener,
         acceptor,

@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use super::catalogue::{KEY, PROMPT};
-use super::{gateway, still_serves};
+use super::{gateway, gateway_with, hostile_policy, still_serves};
 use crate::common::{certs, Client};
 
 /// The server's bound on a TLS handshake and on a request's headers (`server.rs`).
@@ -342,5 +342,54 @@ async fn a_client_silent_after_the_handshake_is_closed_at_the_header_bound() {
         );
     }
     still_serves(&gw).await;
+    gw.shutdown().await;
+}
+
+/// `server.max_connections` = 2, both held by clients silent before TLS: a third client's
+/// request waits in the listen backlog, and is served as soon as one of them leaves (long
+/// before the 10 s handshake bound would have freed a slot). `/metrics` counts the wait.
+#[tokio::test]
+async fn past_max_connections_a_client_waits_for_a_close() {
+    let mut policy = hostile_policy();
+    policy.server.max_connections = 2;
+    let (gw, _) = gateway_with(policy).await;
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(TcpStream::connect(gw.addr).await.expect("connect"));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let client = gw
+        .client()
+        .with_header("authorization", &format!("Bearer {KEY}"));
+    let request = tokio::spawn(async move {
+        client
+            .post("/v1/chat/completions", &crate::common::chat())
+            .await
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!request.is_finished(), "served past the limit");
+    let freed = Instant::now();
+    drop(silent.remove(0));
+    let (status, _, v) = tokio::time::timeout(HEADER_TIMEOUT / 2, request)
+        .await
+        .expect("served once a slot was freed")
+        .expect("request task");
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert!(freed.elapsed() < HEADER_TIMEOUT / 2);
+    drop(silent);
+    let metrics = gw.client().send("GET", "/metrics", None).await;
+    let text = http_body_util::BodyExt::collect(metrics.into_body())
+        .await
+        .expect("metrics")
+        .to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    assert!(text.contains("sluice_connections_max 2"), "{text}");
+    let waits: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_connections_limit_waits_total "))
+        .expect("the waits counter")
+        .parse()
+        .expect("a count");
+    assert!(waits >= 1, "waits {waits}");
     gw.shutdown().await;
 }

@@ -33,8 +33,13 @@ pub(super) fn hostile_policy() -> Policy {
 /// A gateway whose upstream answers every request at once with `data: [DONE]`; the bodies it
 /// was sent are kept.
 async fn gateway() -> (Gateway, Arc<Mutex<Vec<Value>>>) {
+    gateway_with(hostile_policy()).await
+}
+
+/// As [`gateway`], with `policy`.
+async fn gateway_with(policy: Policy) -> (Gateway, Arc<Mutex<Vec<Value>>>) {
     let mut up = ScriptedUpstream::start().await;
-    let gw = Gateway::start(hostile_policy(), up.upstream()).await;
+    let gw = Gateway::start(policy, up.upstream()).await;
     let seen = Arc::new(Mutex::new(Vec::new()));
     let keep = seen.clone();
     tokio::spawn(async move {
