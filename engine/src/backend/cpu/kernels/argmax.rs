@@ -13,12 +13,12 @@ pub fn argmax(logits: &[f32]) -> u32 {
 pub fn argmax_with(level: SimdLevel, logits: &[f32]) -> u32 {
     match level.clamp() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the level is clamped to the detected one, so AVX-512F is present.
+        // SAFETY: the level is clamped to what the CPU runs, so AVX-512F is present.
         SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => unsafe {
             x86::argmax(logits)
         },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the level is clamped to the detected one, so AVX2 is present.
+        // SAFETY: the level is clamped to what the CPU runs, so AVX2 is present.
         SimdLevel::Avx2 | SimdLevel::Avx2Vnni => unsafe { x86::argmax_avx2(logits) },
         _ => portable(logits),
     }

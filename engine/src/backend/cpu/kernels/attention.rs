@@ -153,7 +153,7 @@ pub fn attend_rows_with(
             scale,
         };
         if matches!(level, SimdLevel::Avx2 | SimdLevel::Avx2Vnni) {
-            // SAFETY: the level is clamped to the detected one, so AVX2, FMA and F16C are
+            // SAFETY: the level is clamped to what the CPU runs, so AVX2, FMA and F16C are
             // present; every used block lies inside both caches and `q` holds every row's heads
             // (asserted above); `out` holds the rows.
             unsafe { flash::run_avx2(kv, &call, out) };
@@ -174,7 +174,7 @@ pub fn attend_rows_with(
             SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16
                 if hd <= 16 * x86::MAX_VECS && bs == 16 =>
             {
-                // SAFETY: the level is clamped to the detected one, so AVX-512 F/BW/VL are present;
+                // SAFETY: the level is clamped to what the CPU runs: AVX-512 F/BW/VL are present;
                 // every used block lies inside both caches, `q` holds every row's heads (asserted
                 // above); `scores` holds `heads` runs of `pad` floats.
                 unsafe { x86::attend_dispatch(kv, &args, &mut scores, out) }

@@ -14,13 +14,13 @@ pub fn to_f16_with(level: SimdLevel, src: &[f32], dst: &mut [u16]) {
     assert_eq!(src.len(), dst.len(), "to_f16: lengths differ");
     match level.clamp() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the level is clamped to the detected one, so AVX-512 F/BW/VL are present; the
+        // SAFETY: the level is clamped to what the CPU runs, so AVX-512 F/BW/VL are present; the
         // lengths are equal (asserted above).
         SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => unsafe {
             x86::to_f16(src, dst)
         },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the level is clamped to the detected one, so F16C is present (the AVX2 level
+        // SAFETY: the level is clamped to what the CPU runs, so F16C is present (the AVX2 level
         // requires it); the lengths are equal.
         SimdLevel::Avx2 | SimdLevel::Avx2Vnni => unsafe { x86::to_f16_f16c(src, dst) },
         _ => {

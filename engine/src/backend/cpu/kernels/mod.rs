@@ -17,14 +17,17 @@
 //! every quantized weight at load): 16 weight rows side by side, one per lane, so one
 //! int-to-float conversion serves 16 rows.
 //!
-//! The instruction set is detected once ([`simd_level`]);
-//! `SLUICE_SIMD=scalar|avx2|avx2vnni|avx512` caps it (`avx2` is AVX2 without AVX-VNNI, as on the
-//! AVX2-only EPYCs; `avx512` is AVX-512 without VNNI; `avx512vnni` or unset, the best the CPU
-//! has), and the `*_with` functions let tests pick a level explicitly (never above the detected
-//! one, so forcing a level can only select a slower path, never an unsupported instruction).
+//! The instruction set is detected once ([`simd_level`]): the best level the CPU runs, except
+//! that `avx512bf16` is chosen only where `vdpbf16ps` outruns f32 FMAs (AMD; on Intel's
+//! Sapphire Rapids-class cores it issues at a quarter of their rate, and `avx512vnni`'s f32
+//! attention is faster). `SLUICE_SIMD=scalar|avx2|avx2vnni|avx512|avx512vnni|avx512bf16` forces
+//! a level, or the best this CPU runs below it (`avx2` is AVX2 without AVX-VNNI, as on the
+//! AVX2-only EPYCs; `avx512` is AVX-512 without VNNI), and the `*_with` functions let tests pick
+//! a level explicitly (never above `SLUICE_SIMD` or the CPU, so forcing a level can never select
+//! an unsupported instruction).
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 
 use super::pool::ThreadPool;
 use crate::dtype::GgmlType;
@@ -197,7 +200,7 @@ pub enum SimdLevel {
     Avx512Vnni,
     /// AVX-512 VNNI with BF16 (`avx512_bf16`: Zen 4, Cooper Lake, Sapphire Rapids and later):
     /// attention's two small matrix products by `vdpbf16ps`; every other kernel is
-    /// `avx512vnni`'s.
+    /// `avx512vnni`'s. Chosen by default only where it pays ([`bf16_attention_pays`]).
     Avx512Bf16,
 }
 
@@ -224,11 +227,13 @@ impl SimdLevel {
         }
     }
 
-    /// The levels below this one that this CPU runs, which `SLUICE_SIMD` can force.
-    pub fn lower(self) -> impl Iterator<Item = SimdLevel> {
+    /// The levels other than [`simd_level`] that this CPU runs (under `SLUICE_SIMD`), which
+    /// `SLUICE_SIMD` can force: the lower ones, and on Intel `avx512bf16`.
+    pub fn alternatives() -> impl Iterator<Item = SimdLevel> {
+        let (chosen, cap) = detected();
         SimdLevel::ALL
             .into_iter()
-            .filter(move |l| l.rank() < self.rank() && l.runs_here())
+            .filter(move |&l| l != chosen && l.rank() <= cap.rank() && l.runs_here())
     }
 
     fn rank(self) -> u8 {
@@ -262,15 +267,13 @@ impl SimdLevel {
 
     /// `self`, lowered to what this CPU supports under `SLUICE_SIMD`'s cap.
     fn clamp(self) -> SimdLevel {
-        let best = simd_level();
-        // Every kernel call clamps its level, and outside tests that level is `best`: answer it
-        // without asking the CPU's features again.
-        if self == best {
+        let (chosen, cap) = detected();
+        // Every kernel call clamps its level, and outside tests that level is the chosen one:
+        // answer it without asking the CPU's features again.
+        if self == chosen {
             self
-        } else if self.rank() < best.rank() {
-            self.best_at_or_below()
         } else {
-            best
+            SimdLevel::from_rank(self.rank().min(cap.rank())).best_at_or_below()
         }
     }
 
@@ -296,32 +299,66 @@ impl SimdLevel {
     }
 }
 
-static LEVEL: AtomicU8 = AtomicU8::new(0);
+/// The chosen level and the highest one kernels may be asked for, detected once.
+static LEVELS: OnceLock<(SimdLevel, SimdLevel)> = OnceLock::new();
 
-/// The best instruction set of this CPU, capped by `SLUICE_SIMD` (read once).
+/// The instruction set the kernels run at: the best this CPU runs (`avx512bf16` only where it
+/// pays), or what `SLUICE_SIMD` forces (read once).
 pub fn simd_level() -> SimdLevel {
-    let r = LEVEL.load(Ordering::Relaxed);
-    if r != 0 {
-        return SimdLevel::from_rank(r);
-    }
-    let level = detect();
-    LEVEL.store(level.rank(), Ordering::Relaxed);
-    level
+    detected().0
 }
 
-fn detect() -> SimdLevel {
-    let cap = match std::env::var("SLUICE_SIMD") {
-        Ok(v) => SimdLevel::ALL
-            .into_iter()
-            .find(|l| l.name() == v.trim())
-            .unwrap_or_else(|| {
+/// ([`simd_level`], the cap): with `SLUICE_SIMD` both are the best level at or below it; without,
+/// the cap is the best level this CPU runs and the chosen one may be below it.
+fn detected() -> (SimdLevel, SimdLevel) {
+    *LEVELS.get_or_init(|| {
+        let forced = std::env::var("SLUICE_SIMD").ok().and_then(|v| {
+            let level = SimdLevel::ALL.into_iter().find(|l| l.name() == v.trim());
+            if level.is_none() {
                 let known = "scalar, avx2, avx2vnni, avx512, avx512vnni, avx512bf16";
-                tracing::warn!(value = %v, known, "unknown SLUICE_SIMD; not capping");
-                SimdLevel::Avx512Bf16
-            }),
-        Err(_) => SimdLevel::Avx512Bf16,
-    };
-    cap.best_at_or_below()
+                tracing::warn!(value = %v, known, "unknown SLUICE_SIMD; not forcing a level");
+            }
+            level
+        });
+        match forced {
+            Some(forced) => {
+                let level = forced.best_at_or_below();
+                (level, level)
+            }
+            None => {
+                let cap = SimdLevel::Avx512Bf16.best_at_or_below();
+                let chosen = if cap == SimdLevel::Avx512Bf16 && !bf16_attention_pays() {
+                    SimdLevel::Avx512Vnni
+                } else {
+                    cap
+                };
+                (chosen, cap)
+            }
+        }
+    })
+}
+
+/// Whether attention's products run faster by `vdpbf16ps` than by f32 FMAs on this CPU. Zen 4
+/// issues `vdpbf16ps` like an FMA and does twice the multiply-adds with it: bf16 attention took
+/// a 4K prefill from 7.25 to 4.31 s there. Intel's Sapphire Rapids-class cores issue it at
+/// about a quarter of an FMA's rate (1.7 against 5.5-6.9 G instructions/s on one core), so
+/// f32 attention is 26-30% faster (docs/performance.md).
+#[cfg(target_arch = "x86_64")]
+fn bf16_attention_pays() -> bool {
+    // Leaf 0: the vendor string in EBX, EDX, ECX. (`__cpuid` is a safe function from Rust 1.94
+    // on; the crate's minimum, 1.89, declares it unsafe.)
+    #[allow(unused_unsafe)]
+    // SAFETY: every x86_64 CPU has CPUID, and leaf 0 exists on all of them.
+    let id = unsafe { std::arch::x86_64::__cpuid(0) };
+    [id.ebx, id.edx, id.ecx]
+        .map(u32::to_le_bytes)
+        .as_flattened()
+        == b"AuthenticAMD"
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn bf16_attention_pays() -> bool {
+    false
 }
 
 /// Dequantizes one stored row (any supported dtype) into f32.

@@ -138,12 +138,12 @@ pub(crate) fn quantize_rows(
     match level {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => {
-            // SAFETY: callers pass a level no higher than the detected one; lengths checked above.
+            // SAFETY: callers pass a level no higher than the CPU runs; lengths checked above.
             unsafe { quantize_avx512(x, qs, ds) }
         }
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2 | SimdLevel::Avx2Vnni => {
-            // SAFETY: callers pass a level no higher than the detected one; lengths checked above.
+            // SAFETY: callers pass a level no higher than the CPU runs; lengths checked above.
             unsafe { quantize_avx2(x, qs, ds) }
         }
         _ => quantize_scalar(x, qs, ds),

@@ -33,13 +33,13 @@ pub fn silu_mul_into_up(gate: &[f32], up: &mut [f32]) {
 unsafe fn dispatch(level: SimdLevel, g: *const f32, u: *const f32, out: *mut f32, len: usize) {
     match level.clamp() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the level is clamped to the detected one, so AVX-512 F and VL are present; the
+        // SAFETY: the level is clamped to what the CPU runs, so AVX-512 F and VL are present; the
         // pointers are the caller's promise.
         SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => unsafe {
             x86::silu_mul(g, u, out, len)
         },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the level is clamped to the detected one, so AVX2 and FMA are present; the
+        // SAFETY: the level is clamped to what the CPU runs, so AVX2 and FMA are present; the
         // pointers are the caller's promise.
         SimdLevel::Avx2 | SimdLevel::Avx2Vnni => unsafe { x86::silu_mul_avx2(g, u, out, len) },
         _ => {

@@ -520,15 +520,34 @@ fn qmatrix_validates_shape() {
 fn forced_levels_never_exceed_the_cpu() {
     for level in ALL_LEVELS {
         let forced = level.clamp();
-        assert!(forced.rank() <= simd_level().rank() && forced.rank() <= level.rank());
+        let cap = super::detected().1;
+        assert!(forced.rank() <= cap.rank() && forced.rank() <= level.rank());
         assert!(
             forced.runs_here(),
             "{level:?} lowered to {forced:?}, which this CPU lacks"
         );
     }
     assert_eq!(SimdLevel::Scalar.clamp(), SimdLevel::Scalar);
-    for level in simd_level().lower() {
+    for level in SimdLevel::alternatives() {
         assert!(level.runs_here() && level.clamp() == level);
+    }
+}
+
+/// Unforced, the chosen level is the best this CPU runs, but for bf16 attention where it does
+/// not pay (Intel): there `avx512vnni`, with `avx512bf16` still reachable under the cap.
+#[test]
+fn the_default_level_skips_bf16_attention_only_where_it_does_not_pay() {
+    if std::env::var_os("SLUICE_SIMD").is_some() {
+        return;
+    }
+    let (chosen, cap) = super::detected();
+    assert_eq!(cap, SimdLevel::Avx512Bf16.best_at_or_below());
+    if cap == SimdLevel::Avx512Bf16 && !super::bf16_attention_pays() {
+        assert_eq!(chosen, SimdLevel::Avx512Vnni);
+        assert!(SimdLevel::alternatives().any(|l| l == SimdLevel::Avx512Bf16));
+        assert_eq!(SimdLevel::Avx512Bf16.clamp(), SimdLevel::Avx512Bf16);
+    } else {
+        assert_eq!(chosen, cap);
     }
 }
 
