@@ -61,8 +61,9 @@ pub fn sigkill(pid: u32) {
     assert!(status.success(), "kill -s KILL {pid}: {status}");
 }
 
-/// Held by each test that runs the real engine, so that they run one at a time: three
-/// engines at once on two cores would make every latency figure meaningless.
+/// Held by each test that runs a real engine (the bundled one, or vLLM once it is up), so that
+/// they run one at a time: two engines at once on two cores would make every latency figure
+/// meaningless.
 pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
     static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     ONE.lock().await

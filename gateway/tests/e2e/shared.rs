@@ -150,10 +150,11 @@ fn shared_policy(redis: &Redis, prefix: &str, urls: Vec<String>, active_max: usi
 /// Neither gateway decided anything without Redis (the figures are the shared path's).
 async fn all_shared(gws: [&Gateway; 2]) {
     for gw in gws {
+        let errors = gw.app.shared.as_ref().map(|s| s.report().errors);
         assert_eq!(
             gauge(gw, "sluice_shared_state_degraded_total").await,
             Some(0.0),
-            "a Redis call failed or took longer than shared.timeout"
+            "a Redis call failed or took longer than shared.timeout: {errors:?}"
         );
     }
 }

@@ -5,14 +5,17 @@
 //! One vLLM serves every test here (`--max-num-seqs 8 --max-num-queued-reqs 10`: vLLM 0.32
 //! holds at most 10 requests, running or waiting, and answers the 11th with its 503; measured:
 //! with `--max-num-queued-reqs 8`, 8 running left no room to wait), started on
-//! first use and stopped when this process ends (or the one `SLUICE_VLLM_URL` names); the tests
-//! take turns. Without vLLM they skip,
+//! first use and stopped when this process ends (or the one `SLUICE_VLLM_URL` names). Each
+//! test, once vLLM is up, holds the same turn as the tests that run the bundled engine
+//! (`engine::exclusive`): vLLM's inference beside the engine's on two cores starved both (a
+//! Redis call of the shared-ceiling test ran past its bound while vLLM served a test here).
+//! Without vLLM they skip,
 //! unless `SLUICE_REQUIRE_VLLM=1` (CI), which makes a missing vLLM a failure.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
@@ -31,8 +34,6 @@ struct Vllm {
 }
 
 static VLLM: OnceLock<Option<Vllm>> = OnceLock::new();
-/// The tests share one engine and measure it: one at a time.
-static TURN: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(|| tokio::sync::Mutex::new(()));
 
 /// The shared vLLM, started on first use; none (skip) when it is not installed, unless CI
 /// requires it.
@@ -237,7 +238,7 @@ async fn post_direct(url: &str, body: &Value) -> (u16, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_prompt_tokens_are_counted_exactly_with_the_upstreams_template() {
     let Some(v) = vllm() else { return };
-    let _turn = TURN.lock().await;
+    let _turn = crate::engine::exclusive().await;
     let gw = gateway(v, gateway_policy(v, 4)).await;
     let c = gw.client();
     let weather = json!([{"type": "function", "function": {"name": "get_weather", "description": "Current weather for a city",
@@ -278,7 +279,7 @@ async fn vllm_prompt_tokens_are_counted_exactly_with_the_upstreams_template() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_runs_at_most_active_max_under_10x_overload_and_loses_nothing() {
     let Some(v) = vllm() else { return };
-    let _turn = TURN.lock().await;
+    let _turn = crate::engine::exclusive().await;
     let gw = gateway(v, gateway_policy(v, 4)).await;
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {
@@ -335,7 +336,7 @@ async fn vllm_runs_at_most_active_max_under_10x_overload_and_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_slot_is_freed_within_a_second_of_a_client_disconnect() {
     let Some(v) = vllm() else { return };
-    let _turn = TURN.lock().await;
+    let _turn = crate::engine::exclusive().await;
     let gw = gateway(v, gateway_policy(v, 4)).await;
     let mut body = chat("Tell me a very long story about rivers.", 400);
     body["stream"] = json!(true);
@@ -394,7 +395,7 @@ async fn flood(v: &Vllm, waiting: usize) -> Vec<tokio::task::JoinHandle<(u16, St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_busy_answer_becomes_the_gateways_overloaded_and_the_gate_reads_its_queue_and_kv() {
     let Some(v) = vllm() else { return };
-    let _turn = TURN.lock().await;
+    let _turn = crate::engine::exclusive().await;
     // Phase 1: the gate off (a queue of 100 allowed): vLLM's own 503 reaches the gateway.
     let mut p = gateway_policy(v, 4);
     p.upstream.engine_waiting_max = 100;
