@@ -9,6 +9,8 @@
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /admin/policy` | the policy in force: hash, load time, effective values (admin key) |
 //! | `GET /ui`, `GET /ui/stats` | the status page and its figures ([`crate::ui`]) |
+//!
+//! The probe listener (`server.probe_listen`) answers [`PROBE_PATHS`] alone ([`Router::probe`]).
 
 use std::convert::Infallible;
 
@@ -22,6 +24,9 @@ use crate::body::{self, GatewayBody};
 use crate::error::GatewayError;
 use crate::middleware::auth::{key_matches, presented_key, Auth};
 use crate::middleware::check::Check;
+
+/// What the probe listener answers: liveness, readiness and metrics.
+pub const PROBE_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 
 /// Routes requests.
 #[derive(Clone, Debug)]
@@ -69,6 +74,20 @@ impl Router {
             e.log("-");
             e.into_response()
         }))
+    }
+
+    /// A request on the probe listener: [`PROBE_PATHS`] as on the clients' listener, any other
+    /// path 404 (no generation, no admin, no status page there).
+    pub async fn probe(&self, req: Request<Incoming>) -> Result<Response<GatewayBody>, Infallible> {
+        if PROBE_PATHS.contains(&req.uri().path()) {
+            return self.handle(req).await;
+        }
+        let e = GatewayError::NotFound {
+            method: req.method().to_string(),
+            path: req.uri().path().to_owned(),
+        };
+        e.log("-");
+        Ok(e.into_response())
     }
 
     fn models(&self, mut req: Request<Incoming>) -> Result<Response<GatewayBody>, GatewayError> {

@@ -3,7 +3,8 @@
 //! requests in flight finish (streams included) up to the drain timeout. A connection with no
 //! request in flight for `server.idle_timeout` is closed gracefully (GOAWAY on HTTP/2; an idle
 //! HTTP/1.1 connection is also bounded by the header timeout), so idle connections cannot
-//! pile up.
+//! pile up. The probe listener (`server.probe_listen`, [`serve_probes`]) is served the same way,
+//! with [`PROBE_CONNECTIONS`] of its own and [`Router::probe`]'s routes.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -13,7 +14,7 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use sluice_engine::http::{accept_loop, connection_builder, Busy, Idle, Watcher};
+use sluice_engine::http::{accept_loop, connection_builder, Busy, ConnectionLimit, Idle, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -26,6 +27,19 @@ use crate::routes::Router;
 /// How long a client may take to finish the TLS handshake or send a request's headers.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Connections the probe listener holds open at once: probes and scrapes come from a few
+/// agents (a kubelet, a Prometheus or two), each with a connection or two.
+pub const PROBE_CONNECTIONS: usize = 32;
+
+/// Which routes a listener answers.
+#[derive(Clone, Copy, Debug)]
+enum Surface {
+    /// Every route ([`Router::handle`]), for clients.
+    Clients,
+    /// Health and metrics alone ([`Router::probe`]).
+    Probes,
+}
+
 /// Serves `router` on `listener` (over TLS when `tls` is given), at most the app's
 /// `connections` open at once, until `shutdown` completes; then stops accepting, lets in-flight
 /// requests finish for up to `drain`, and returns.
@@ -36,8 +50,52 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) -> std::io::Result<()> {
-    let builder = Arc::new(connection_builder(HANDSHAKE_TIMEOUT));
     let limit = router.app.connections.clone();
+    serve_surface(
+        listener,
+        tls,
+        router,
+        Surface::Clients,
+        limit,
+        shutdown,
+        drain,
+    )
+    .await
+}
+
+/// Serves the probe routes of `router` on `listener` (`server.probe_listen`), as [`serve`]
+/// does, with [`PROBE_CONNECTIONS`] of its own: a gateway at `max_connections` still answers
+/// its probes and scrapes here.
+pub async fn serve_probes(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    router: Router,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+) -> std::io::Result<()> {
+    let limit = ConnectionLimit::new(PROBE_CONNECTIONS);
+    serve_surface(
+        listener,
+        tls,
+        router,
+        Surface::Probes,
+        limit,
+        shutdown,
+        drain,
+    )
+    .await
+}
+
+async fn serve_surface(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    router: Router,
+    surface: Surface,
+    limit: ConnectionLimit,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+) -> std::io::Result<()> {
+    let builder = Arc::new(connection_builder(HANDSHAKE_TIMEOUT));
     let router = Arc::new(router);
     accept_loop(
         listener,
@@ -45,30 +103,35 @@ pub async fn serve(
         Some(drain),
         limit,
         move |stream, watcher| {
-            connection(
-                stream,
-                tls.clone(),
-                router.clone(),
-                builder.clone(),
-                watcher,
-            )
+            let routes = Routes {
+                router: router.clone(),
+                surface,
+            };
+            connection(stream, tls.clone(), routes, builder.clone(), watcher)
         },
     )
     .await
 }
 
+/// A listener's router and the routes it answers there.
+#[derive(Clone)]
+struct Routes {
+    router: Arc<Router>,
+    surface: Surface,
+}
+
 async fn connection(
     stream: TcpStream,
     tls: Option<TlsAcceptor>,
-    router: Arc<Router>,
+    routes: Routes,
     builder: Arc<auto::Builder<TokioExecutor>>,
     watcher: Watcher,
 ) {
     match tls {
-        None => serve_connection(stream, router, builder, watcher).await,
+        None => serve_connection(stream, routes, builder, watcher).await,
         Some(acceptor) => {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => serve_connection(tls, router, builder, watcher).await,
+                Ok(Ok(tls)) => serve_connection(tls, routes, builder, watcher).await,
                 Ok(Err(e)) => tracing::debug!("TLS handshake: {e}"),
                 Err(_) => tracing::debug!("TLS handshake timed out"),
             }
@@ -79,7 +142,7 @@ async fn connection(
 /// One connection, shut down gracefully when `watcher` says so.
 async fn serve_connection<IO>(
     io: IO,
-    router: Arc<Router>,
+    routes: Routes,
     builder: Arc<auto::Builder<TokioExecutor>>,
     watcher: Watcher,
 ) where
@@ -87,15 +150,27 @@ async fn serve_connection<IO>(
 {
     // The first request's headers within the handshake bound too (hyper's header timeout only
     // starts once it knows the protocol: not for a client silent after TLS, nor over HTTP/2).
-    let idle = Idle::new(router.app.policy.current().policy.server.idle_timeout)
-        .first_request_within(HANDSHAKE_TIMEOUT);
+    let idle = Idle::new(
+        routes
+            .router
+            .app
+            .policy
+            .current()
+            .policy
+            .server
+            .idle_timeout,
+    )
+    .first_request_within(HANDSHAKE_TIMEOUT);
     let activity = idle.clone();
     let service = service_fn(move |req| {
-        let router = router.clone();
+        let routes = routes.clone();
         // Counted from the request's arrival until its response body's end (or drop).
         let busy = activity.busy();
         async move {
-            let resp = router.handle(req).await?;
+            let resp = match routes.surface {
+                Surface::Clients => routes.router.handle(req).await?,
+                Surface::Probes => routes.router.probe(req).await?,
+            };
             Ok::<_, Infallible>(
                 resp.map(|body| TapBody::new(body, Held { _busy: busy }).boxed_unsync()),
             )

@@ -50,6 +50,7 @@ restart_keys!(
     server.tls_key,
     server.drain_timeout,
     server.max_connections,
+    server.probe_listen,
     upstream.kind,
     upstream.urls,
     upstream.ranks,

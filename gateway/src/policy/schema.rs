@@ -49,6 +49,10 @@ pub struct Server {
     /// Client connections held open at once; past it new ones wait in the listen backlog until
     /// one closes. Read at start: a change needs a restart.
     pub max_connections: usize,
+    /// A second listener for health probes and metrics scrapes alone (`/healthz`, `/readyz`,
+    /// `/metrics`), over the same TLS as `listen`, with connections of its own: clients at
+    /// `max_connections` never hold a probe back. None: they share `listen`. Read at start.
+    pub probe_listen: Option<SocketAddr>,
 }
 
 impl Default for Server {
@@ -62,6 +66,7 @@ impl Default for Server {
             drain_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(75),
             max_connections: 1000,
+            probe_listen: None,
         }
     }
 }

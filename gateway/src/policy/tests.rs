@@ -187,6 +187,17 @@ refused!(
     "server.max_connections"
 );
 refused!(
+    server_probe_listen_on_the_clients_port,
+    "[server]\nlisten = \"127.0.0.1:8443\"\nprobe_listen = \"0.0.0.0:8443\"",
+    "server.probe_listen"
+);
+refused!(
+    server_probe_listen_not_an_address,
+    "[server]\nprobe_listen = \"localhost\"",
+    "line 2",
+    "invalid socket address"
+);
+refused!(
     server_idle_timeout_zero,
     "[server]\nidle_timeout = \"0s\"",
     "server.idle_timeout"

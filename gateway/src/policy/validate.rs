@@ -180,6 +180,17 @@ fn server(s: &Server, out: &mut Problems) {
             format!("must be at most {MAX_CONNECTIONS_MAX} (each takes a file descriptor)"),
         );
     }
+    if s.probe_listen
+        .is_some_and(|p| p.port() == s.listen.port() && p.port() != 0)
+    {
+        out.add(
+            "server.probe_listen",
+            format!(
+                "must not use server.listen's port, {} (the probes need a listener of their own)",
+                s.listen.port()
+            ),
+        );
+    }
 }
 
 fn limits(l: &Limits, out: &mut Problems) {

@@ -21,7 +21,7 @@ use sluice_gateway::policy::{LoadedPolicy, Policy, PolicyStore};
 use sluice_gateway::routes::Router;
 use sluice_gateway::{server, tls};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, watch};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// The development certificates, generated once per test process.
@@ -48,8 +48,11 @@ pub fn counter() -> Arc<PromptCounter> {
 /// A running gateway.
 pub struct Gateway {
     pub addr: SocketAddr,
+    /// The probe listener, when the policy names `server.probe_listen` (bound on
+    /// `127.0.0.1:0` whatever address it names).
+    pub probe_addr: Option<SocketAddr>,
     pub app: App,
-    stop: Option<oneshot::Sender<()>>,
+    stop: Option<watch::Sender<bool>>,
     done: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -113,23 +116,32 @@ impl Gateway {
         let acceptor = TlsAcceptor::from(tls::server_config(&c.cert, &c.key).expect("tls"));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let done = tokio::spawn(async move {
-            let shutdown = async {
-                let _ = stopped.await;
-            };
-            server::serve(
-                listener,
-                Some(acceptor),
-                router,
-                shutdown,
-                Duration::from_secs(30),
-            )
-            .await
-            .expect("serve");
-        });
+        let (stop, stopping) = watch::channel(false);
+        let stopped = move || {
+            let mut stopping = stopping.clone();
+            async move {
+                let _ = stopping.wait_for(|s| *s).await;
+            }
+        };
+        let drain = Duration::from_secs(30);
+        let mut probe_addr = None;
+        if app.policy.current().policy.server.probe_listen.is_some() {
+            let probes = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            probe_addr = Some(probes.local_addr().expect("addr"));
+            let serve = server::serve_probes(
+                probes,
+                Some(acceptor.clone()),
+                router.clone(),
+                stopped(),
+                drain,
+            );
+            tokio::spawn(async move { serve.await.expect("serve probes") });
+        }
+        let clients = server::serve(listener, Some(acceptor), router, stopped(), drain);
+        let done = tokio::spawn(async move { clients.await.expect("serve") });
         Self {
             addr,
+            probe_addr,
             app,
             stop: Some(stop),
             done: Some(done),
@@ -139,7 +151,7 @@ impl Gateway {
     /// Stops accepting and waits for the requests in flight.
     pub async fn shutdown(mut self) {
         if let Some(s) = self.stop.take() {
-            let _ = s.send(());
+            let _ = s.send(true);
         }
         if let Some(d) = self.done.take() {
             d.await.expect("server task");

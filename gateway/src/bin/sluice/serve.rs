@@ -191,14 +191,41 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let scheme = if acceptor.is_some() { "https" } else { "http" };
     eprintln!("sluice: listening on {scheme}://{}", listener.local_addr()?);
     server::warn_if_fds_short(policy.server.max_connections);
-    server::serve(
-        listener,
-        acceptor,
-        router,
-        shutdown_signal(),
-        policy.server.drain_timeout,
-    )
-    .await?;
+    // One signal stops every listener.
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let stopped = move || {
+        let mut stopping = stopping.clone();
+        async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        }
+    };
+    let drain = policy.server.drain_timeout;
+    let probes = match policy.server.probe_listen {
+        Some(addr) => {
+            let probes = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listening for probes on {addr} (server.probe_listen)"))?;
+            eprintln!(
+                "sluice: probes and metrics on {scheme}://{}",
+                probes.local_addr()?
+            );
+            if !addr.ip().is_loopback() {
+                tracing::warn!(%addr, "/healthz, /readyz and /metrics answer off loopback without a key (server.probe_listen)");
+            }
+            let serve =
+                server::serve_probes(probes, acceptor.clone(), router.clone(), stopped(), drain);
+            Some(tokio::spawn(serve))
+        }
+        None => None,
+    };
+    server::serve(listener, acceptor, router, stopped(), drain).await?;
+    if let Some(probes) = probes {
+        probes.await.context("the probe listener")??;
+    }
     tracing::info!("drained; stopping");
     if let Some(e) = exporter {
         e.flush().await;

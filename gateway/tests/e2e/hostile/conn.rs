@@ -393,3 +393,59 @@ async fn past_max_connections_a_client_waits_for_a_close() {
     assert!(waits >= 1, "waits {waits}");
     gw.shutdown().await;
 }
+
+/// `server.probe_listen`: with the clients' listener at `server.max_connections` (one, held by
+/// a client silent before TLS), the probe listener still answers `/healthz`, `/readyz` and
+/// `/metrics` at once, over the same TLS, and nothing else: no generation, no admin, no page.
+#[tokio::test]
+async fn probes_are_answered_on_their_own_listener_past_max_connections() {
+    let mut policy = hostile_policy();
+    policy.server.max_connections = 1;
+    policy.server.probe_listen = Some("127.0.0.1:0".parse().expect("address"));
+    let (gw, seen) = gateway_with(policy).await;
+    let silent = TcpStream::connect(gw.addr).await.expect("connect");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let probes = Client::new(
+        gw.probe_addr.expect("a probe listener"),
+        &["h2", "http/1.1"],
+    );
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let (status, _, v) =
+            tokio::time::timeout(HEADER_TIMEOUT / 2, probes.json("GET", path, None))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("{path} not answered while the clients' listener is full")
+                });
+        assert_eq!(status, StatusCode::OK, "{path}: {v}");
+    }
+    let (_, _, metrics) = probes.json("GET", "/metrics", None).await;
+    let metrics = metrics.as_str().expect("Prometheus text");
+    assert!(metrics.contains("sluice_connections_open 1\n"), "{metrics}");
+    assert!(metrics.contains("sluice_connections_max 1\n"), "{metrics}");
+    let chat = crate::common::chat();
+    for (method, path, want) in [
+        ("POST", "/v1/chat/completions", StatusCode::NOT_FOUND),
+        ("POST", "/v1/completions", StatusCode::NOT_FOUND),
+        ("GET", "/v1/models", StatusCode::NOT_FOUND),
+        ("GET", "/admin/policy", StatusCode::NOT_FOUND),
+        ("GET", "/ui", StatusCode::NOT_FOUND),
+        ("POST", "/healthz", StatusCode::METHOD_NOT_ALLOWED),
+    ] {
+        let probes = probes
+            .clone()
+            .with_header("authorization", &format!("Bearer {KEY}"));
+        let (status, _, v) = probes.json(method, path, Some(&chat)).await;
+        assert_eq!(status, want, "{method} {path}: {v}");
+        assert!(
+            v["error"]["message"].is_string(),
+            "an OpenAI-shaped error: {v}"
+        );
+    }
+    assert!(
+        seen.lock().expect("seen").is_empty(),
+        "nothing reached the upstream"
+    );
+    drop(silent);
+    still_serves(&gw).await;
+    gw.shutdown().await;
+}
