@@ -3,8 +3,8 @@
 //! requests in flight finish (streams included) up to the drain timeout. A connection with no
 //! request in flight for `server.idle_timeout` is closed gracefully (GOAWAY on HTTP/2; an idle
 //! HTTP/1.1 connection is also bounded by the header timeout), so idle connections cannot
-//! pile up. The probe listener (`server.probe_listen`, [`serve_probes`]) is served the same way,
-//! with [`PROBE_CONNECTIONS`] of its own and [`Router::probe`]'s routes.
+//! pile up. The probe listener (`server.probe_listen`) is served the same way,
+//! with [`PROBE_CONNECTIONS`] of its own and [`Router::probe`]'s routes ([`Surface`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -31,70 +31,33 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// agents (a kubelet, a Prometheus or two), each with a connection or two.
 pub const PROBE_CONNECTIONS: usize = 32;
 
-/// Which routes a listener answers.
+/// Which routes a listener answers, and under which connection limit.
 #[derive(Clone, Copy, Debug)]
-enum Surface {
-    /// Every route ([`Router::handle`]), for clients.
+pub enum Surface {
+    /// Every route ([`Router::handle`]), for clients, at most the app's `connections`
+    /// (`server.max_connections`) open at once.
     Clients,
-    /// Health and metrics alone ([`Router::probe`]).
+    /// Health and metrics alone ([`Router::probe`]), on `server.probe_listen`, with
+    /// [`PROBE_CONNECTIONS`] of its own: a gateway at `max_connections` still answers its
+    /// probes and scrapes there.
     Probes,
 }
 
-/// Serves `router` on `listener` (over TLS when `tls` is given), at most the app's
-/// `connections` open at once, until `shutdown` completes; then stops accepting, lets in-flight
-/// requests finish for up to `drain`, and returns.
+/// Serves `surface`'s routes of `router` on `listener` (over TLS when `tls` is given) until
+/// `shutdown` completes; then stops accepting, lets in-flight requests finish for up to
+/// `drain`, and returns.
 pub async fn serve(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     router: Router,
-    shutdown: impl Future<Output = ()>,
-    drain: Duration,
-) -> std::io::Result<()> {
-    let limit = router.app.connections.clone();
-    serve_surface(
-        listener,
-        tls,
-        router,
-        Surface::Clients,
-        limit,
-        shutdown,
-        drain,
-    )
-    .await
-}
-
-/// Serves the probe routes of `router` on `listener` (`server.probe_listen`), as [`serve`]
-/// does, with [`PROBE_CONNECTIONS`] of its own: a gateway at `max_connections` still answers
-/// its probes and scrapes here.
-pub async fn serve_probes(
-    listener: TcpListener,
-    tls: Option<TlsAcceptor>,
-    router: Router,
-    shutdown: impl Future<Output = ()>,
-    drain: Duration,
-) -> std::io::Result<()> {
-    let limit = ConnectionLimit::new(PROBE_CONNECTIONS);
-    serve_surface(
-        listener,
-        tls,
-        router,
-        Surface::Probes,
-        limit,
-        shutdown,
-        drain,
-    )
-    .await
-}
-
-async fn serve_surface(
-    listener: TcpListener,
-    tls: Option<TlsAcceptor>,
-    router: Router,
     surface: Surface,
-    limit: ConnectionLimit,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) -> std::io::Result<()> {
+    let limit = match surface {
+        Surface::Clients => router.app.connections.clone(),
+        Surface::Probes => ConnectionLimit::new(PROBE_CONNECTIONS),
+    };
     let builder = Arc::new(connection_builder(HANDSHAKE_TIMEOUT));
     let router = Arc::new(router);
     accept_loop(

@@ -153,6 +153,7 @@ async fn gateway(
             listener,
             Some(acceptor),
             router,
+            server::Surface::Clients,
             shutdown,
             Duration::from_secs(1),
         )

@@ -19,6 +19,7 @@ use sluice_gateway::forward::{http_client, ReplicaPool, StaticUpstream, Upstream
 use sluice_gateway::middleware::count::PromptCounter;
 use sluice_gateway::policy::{LoadedPolicy, Policy, PolicyStore};
 use sluice_gateway::routes::Router;
+use sluice_gateway::server::Surface;
 use sluice_gateway::{server, tls};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
@@ -128,16 +129,24 @@ impl Gateway {
         if app.policy.current().policy.server.probe_listen.is_some() {
             let probes = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             probe_addr = Some(probes.local_addr().expect("addr"));
-            let serve = server::serve_probes(
+            let serve = server::serve(
                 probes,
                 Some(acceptor.clone()),
                 router.clone(),
+                Surface::Probes,
                 stopped(),
                 drain,
             );
             tokio::spawn(async move { serve.await.expect("serve probes") });
         }
-        let clients = server::serve(listener, Some(acceptor), router, stopped(), drain);
+        let clients = server::serve(
+            listener,
+            Some(acceptor),
+            router,
+            Surface::Clients,
+            stopped(),
+            drain,
+        );
         let done = tokio::spawn(async move { clients.await.expect("serve") });
         Self {
             addr,

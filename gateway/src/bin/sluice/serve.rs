@@ -13,6 +13,7 @@ use sluice_gateway::middleware::count::PromptCounter;
 use sluice_gateway::policy::reload::spawn_reloader;
 use sluice_gateway::policy::{Guard, LoadedPolicy, PolicyError, PolicyStore, UpstreamKind};
 use sluice_gateway::routes::Router;
+use sluice_gateway::server::Surface;
 use sluice_gateway::{server, tls};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -216,13 +217,27 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             if !addr.ip().is_loopback() {
                 tracing::warn!(%addr, "/healthz, /readyz and /metrics answer off loopback without a key (server.probe_listen)");
             }
-            let serve =
-                server::serve_probes(probes, acceptor.clone(), router.clone(), stopped(), drain);
+            let serve = server::serve(
+                probes,
+                acceptor.clone(),
+                router.clone(),
+                Surface::Probes,
+                stopped(),
+                drain,
+            );
             Some(tokio::spawn(serve))
         }
         None => None,
     };
-    server::serve(listener, acceptor, router, stopped(), drain).await?;
+    server::serve(
+        listener,
+        acceptor,
+        router,
+        Surface::Clients,
+        stopped(),
+        drain,
+    )
+    .await?;
     if let Some(probes) = probes {
         probes.await.context("the probe listener")??;
     }
