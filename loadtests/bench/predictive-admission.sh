@@ -4,7 +4,7 @@
 # gateway with count-based admission only, (c) the gateway with predictive admission. One JSON
 # per setup and rate, plus the gateway's /ui/stats after each run (predicted vs actual TTFT).
 #
-#   RATES="0.3 0.6 1.0" DUR=45s DEADLINE=5s loadtests/bench/predictive-admission.sh
+#   RATES="0.3 0.6 1.0" DUR=45s DEADLINE=5s loadtests/bench/predictive-admission.sh [OUT_DIR]
 #   DEADLINE=5 python3 loadtests/bench/predictive-report.py loadtests/results/predictive
 #
 # Run it inside `flock /tmp/sluice-bench.lock` on a shared machine; one setup and rate per call
@@ -15,7 +15,9 @@ cd "$(dirname "$0")/../.."
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release}
 ENGINE_BIN=${ENGINE_BIN:-$BIN/sluice-engine}
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
-OUT=${OUT:-loadtests/results/predictive}
+# The output directory: the argument, else $OUT (as the other bench scripts take it), else the
+# committed sweep's directory.
+OUT=${1:-${OUT:-loadtests/results/predictive}}
 RATES=${RATES:-"0.3 0.6 1.0"}
 DUR=${DUR:-45s}
 SEED=${SEED:-20261201}
