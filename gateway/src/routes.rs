@@ -56,24 +56,15 @@ impl Router {
             ("/ui/", &Method::GET) => Ok(crate::ui::redirect()),
             ("/ui/stats", &Method::GET) => Ok(crate::ui::stats(&self.app)),
             // Without an admin key the endpoint is not there, whatever the method.
-            ("/admin/policy", _) if !self.has_admin() => Err(GatewayError::NotFound {
-                method: method.to_string(),
-                path: path.to_owned(),
-            }),
+            ("/admin/policy", _) if !self.has_admin() => Err(not_found(&req)),
             (
                 "/v1/models" | "/healthz" | "/readyz" | "/metrics" | "/admin/policy" | "/ui"
                 | "/ui/" | "/ui/stats",
                 _,
             ) => Err(not_allowed(&req, "GET")),
-            _ => Err(GatewayError::NotFound {
-                method: method.to_string(),
-                path: path.to_owned(),
-            }),
+            _ => Err(not_found(&req)),
         };
-        Ok(resp.unwrap_or_else(|e| {
-            e.log("-");
-            e.into_response()
-        }))
+        Ok(resp.unwrap_or_else(error_response))
     }
 
     /// A request on the probe listener: [`PROBE_PATHS`] as on the clients' listener, any other
@@ -82,12 +73,7 @@ impl Router {
         if PROBE_PATHS.contains(&req.uri().path()) {
             return self.handle(req).await;
         }
-        let e = GatewayError::NotFound {
-            method: req.method().to_string(),
-            path: req.uri().path().to_owned(),
-        };
-        e.log("-");
-        Ok(e.into_response())
+        Ok(error_response(not_found(&req)))
     }
 
     fn models(&self, mut req: Request<Incoming>) -> Result<Response<GatewayBody>, GatewayError> {
@@ -117,10 +103,7 @@ impl Router {
     fn admin_policy<B>(&self, req: &Request<B>) -> Result<Response<GatewayBody>, GatewayError> {
         let loaded = self.app.policy.current();
         let Some(admin) = loaded.policy.admin.api_key_sha256.as_deref() else {
-            return Err(GatewayError::NotFound {
-                method: req.method().to_string(),
-                path: req.uri().path().to_owned(),
-            });
+            return Err(not_found(req));
         };
         let key = presented_key(req).ok_or(GatewayError::MissingApiKey)?;
         if !key_matches(admin, key) {
@@ -179,6 +162,19 @@ impl Router {
             &json!({"ready": ready, "upstream": if ready { "ready" } else { "not ready" }}),
         )
     }
+}
+
+fn not_found<B>(req: &Request<B>) -> GatewayError {
+    GatewayError::NotFound {
+        method: req.method().to_string(),
+        path: req.uri().path().to_owned(),
+    }
+}
+
+/// The answer to a request refused here, outside the stack (logged as the stack logs its own).
+fn error_response(e: GatewayError) -> Response<GatewayBody> {
+    e.log("-");
+    e.into_response()
 }
 
 fn not_allowed<B>(req: &Request<B>, allow: &'static str) -> GatewayError {

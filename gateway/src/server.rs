@@ -113,17 +113,15 @@ async fn serve_connection<IO>(
 {
     // The first request's headers within the handshake bound too (hyper's header timeout only
     // starts once it knows the protocol: not for a client silent after TLS, nor over HTTP/2).
-    let idle = Idle::new(
-        routes
-            .router
-            .app
-            .policy
-            .current()
-            .policy
-            .server
-            .idle_timeout,
-    )
-    .first_request_within(HANDSHAKE_TIMEOUT);
+    let idle_timeout = routes
+        .router
+        .app
+        .policy
+        .current()
+        .policy
+        .server
+        .idle_timeout;
+    let idle = Idle::new(idle_timeout).first_request_within(HANDSHAKE_TIMEOUT);
     let activity = idle.clone();
     let service = service_fn(move |req| {
         let routes = routes.clone();
