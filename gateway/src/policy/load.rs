@@ -90,10 +90,18 @@ pub fn check_file(path: &Path) -> Result<LoadedPolicy, PolicyError> {
 /// Parses and validates policy text; errors name the line and column.
 pub fn parse(text: &str) -> Result<Policy, PolicyError> {
     let policy: Policy = toml::from_str(text).map_err(|e| {
+        // Where, and under which key: a value of the wrong type or form names its key as
+        // validation's problems do (`line 3, column 16: server.probe_listen: invalid socket
+        // address syntax`), not just its place.
         let at = e
             .span()
-            .map(|s| line_col(text, s.start))
-            .map(|(l, c)| format!("line {l}, column {c}: "))
+            .map(|s| {
+                let (l, c) = line_col(text, s.start);
+                match key_at(text, s.start) {
+                    Some(key) => format!("line {l}, column {c}: {key}: "),
+                    None => format!("line {l}, column {c}: "),
+                }
+            })
             .unwrap_or_default();
         // The parser quotes a value it refused (`invalid type: string "https://…", expected a
         // sequence`): a URL in it is shown by its host alone, as validation shows webhooks.
@@ -147,6 +155,45 @@ fn locate(text: &str, key: &str) -> Option<(usize, usize)> {
         }
     }
     found.map(|offset| line_col(text, offset))
+}
+
+/// The key (`server.probe_listen`, `tenants[1].class`) whose value holds byte `offset` of
+/// `text`: the inverse of [`locate`]. None when the offset is in no value (a syntax error, or
+/// an unknown key, whose span is the key itself), or when the text does not parse as TOML.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let doc = toml::de::DeTable::parse(text).ok()?;
+    let mut path = Vec::new();
+    value_at(doc.get_ref(), offset, &mut path).then(|| path.concat())
+}
+
+/// Whether a value under `table` holds `offset`; if so `path` ends with the segments down to
+/// it. A table's own span may be its `[header]` alone, so every table is searched whatever its
+/// span; a plain value (or an array item that is not a table) must hold the offset itself.
+fn value_at(table: &toml::de::DeTable<'_>, offset: usize, path: &mut Vec<String>) -> bool {
+    use toml::de::DeValue;
+    table.iter().any(|(name, v)| {
+        let dot = if path.is_empty() { "" } else { "." };
+        path.push(format!("{dot}{}", name.get_ref()));
+        let found = match v.get_ref() {
+            DeValue::Table(t) => value_at(t, offset, path),
+            DeValue::Array(items) => items.iter().enumerate().any(|(i, item)| {
+                path.push(format!("[{i}]"));
+                let found = match item.get_ref() {
+                    DeValue::Table(t) => value_at(t, offset, path),
+                    _ => item.span().contains(&offset),
+                };
+                if !found {
+                    path.pop();
+                }
+                found
+            }),
+            _ => v.span().contains(&offset),
+        };
+        if !found {
+            path.pop();
+        }
+        found
+    })
 }
 
 /// 1-based line and column of byte `offset` in `text`.

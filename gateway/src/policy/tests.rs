@@ -106,6 +106,26 @@ refused!(
     "line 2, column 10"
 );
 refused!(
+    probe_listen_not_an_address_names_its_key,
+    "[server]\nlisten = \"127.0.0.1:8443\"\nprobe_listen = \"localhost:99\"",
+    "line 3, column 16: server.probe_listen: invalid socket address syntax"
+);
+refused!(
+    bad_type_in_a_dotted_key_names_it,
+    "admission.active_max = \"four\"",
+    "line 1, column 24: admission.active_max: invalid type"
+);
+refused!(
+    bad_type_in_an_inline_table_names_it,
+    "server = { listen = 4 }",
+    "line 1, column 21: server.listen: invalid type"
+);
+refused!(
+    bad_item_in_an_array_names_its_index,
+    "[upstream]\nurls = [\"http://a:1\", 7]",
+    "line 2, column 23: upstream.urls[1]: invalid type"
+);
+refused!(
     unknown_upstream_kind,
     "[upstream]\nkind = \"vllm\"",
     "line 2, column 8",
@@ -116,6 +136,15 @@ refused!(
     &tenant("a", ALICE, "class = \"vip\""),
     "line 4",
     "vip"
+);
+refused!(
+    bad_type_in_the_second_tenant_names_it,
+    &format!(
+        "{}{}",
+        tenant("a", ALICE, ""),
+        tenant("b", BOB, "class = 3")
+    ),
+    "line 8, column 9: tenants[1].class: wanted string or table"
 );
 refused!(
     tenant_without_key,
