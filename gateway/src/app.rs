@@ -45,6 +45,8 @@ pub struct App {
     pub model: String,
     /// The client connections the listener holds open at once (`server.max_connections`).
     pub connections: ConnectionLimit,
+    /// The probe listener's own (`server.probe_listen`, [`crate::server::PROBE_CONNECTIONS`]).
+    pub probe_connections: ConnectionLimit,
 }
 
 impl App {
@@ -86,6 +88,7 @@ impl App {
             shared,
             alerter: Arc::default(),
             connections: ConnectionLimit::new(policy_max_connections),
+            probe_connections: ConnectionLimit::new(crate::server::PROBE_CONNECTIONS),
             model,
         }
     }

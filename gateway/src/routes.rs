@@ -133,7 +133,12 @@ impl Router {
             .metrics
             .render(&app.admission.snapshot(), &app.upstream.ranks());
         crate::telemetry::metrics::render_policy(&mut text, &app.policy.current());
-        crate::telemetry::metrics::render_connections(&mut text, &app.connections);
+        let probes = app.policy.current().policy.server.probe_listen.is_some();
+        crate::telemetry::metrics::render_connections(
+            &mut text,
+            &app.connections,
+            probes.then_some(&app.probe_connections),
+        );
         if let Some(shared) = &app.shared {
             crate::telemetry::metrics::render_shared(&mut text, &shared.report());
         }

@@ -14,9 +14,10 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use sluice_engine::http::{accept_loop, connection_builder, Busy, ConnectionLimit, Idle, Watcher};
+use sluice_engine::http::{accept_loop, connection_builder, Busy, Idle, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use http_body_util::BodyExt;
@@ -43,6 +44,27 @@ pub enum Surface {
     Probes,
 }
 
+/// One stop for every listener of a gateway: [`Stop::stop`] once, and the [`Stop::stopped`]
+/// future each listener was given completes (whether it was taken before or after the stop).
+#[derive(Clone, Debug, Default)]
+pub struct Stop(Arc<watch::Sender<bool>>);
+
+impl Stop {
+    /// Stops every listener holding one of this stop's futures.
+    pub fn stop(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Completes once [`Stop::stop`] was called: the `shutdown` a listener's [`serve`] takes.
+    pub fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut stopping = self.0.subscribe();
+        async move {
+            // The sender lives as long as `self`'s clones; a dropped one means no stop will come.
+            let _ = stopping.wait_for(|stopped| *stopped).await;
+        }
+    }
+}
+
 /// Serves `surface`'s routes of `router` on `listener` (over TLS when `tls` is given) until
 /// `shutdown` completes; then stops accepting, lets in-flight requests finish for up to
 /// `drain`, and returns.
@@ -56,7 +78,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let limit = match surface {
         Surface::Clients => router.app.connections.clone(),
-        Surface::Probes => ConnectionLimit::new(PROBE_CONNECTIONS),
+        Surface::Probes => router.app.probe_connections.clone(),
     };
     let builder = Arc::new(connection_builder(HANDSHAKE_TIMEOUT));
     let router = Arc::new(router);
@@ -186,7 +208,7 @@ impl Tap for Held {}
 
 #[cfg(test)]
 mod tests {
-    use super::soft_open_files;
+    use super::{soft_open_files, Duration, Stop};
 
     #[test]
     fn the_soft_open_files_limit_is_read_from_proc_limits() {
@@ -198,5 +220,21 @@ mod tests {
             "Max open files            unlimited            unlimited            files\n";
         assert_eq!(soft_open_files(unlimited), None);
         assert_eq!(soft_open_files(""), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_stop_ends_every_listeners_wait_taken_before_or_after_it() {
+        let stop = Stop::default();
+        let before = tokio::spawn(stop.stopped());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!before.is_finished(), "ended before the stop");
+        stop.clone().stop();
+        tokio::time::timeout(Duration::from_millis(1), before)
+            .await
+            .expect("a wait taken before the stop ends at the stop")
+            .expect("the wait's task");
+        tokio::time::timeout(Duration::from_millis(1), stop.stopped())
+            .await
+            .expect("a wait taken after the stop ends at once");
     }
 }

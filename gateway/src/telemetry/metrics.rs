@@ -352,25 +352,46 @@ fn gauges_of<V: std::fmt::Display>(out: &mut String, gauges: &[(&str, &str, V)])
     }
 }
 
-/// The listener's client connections against `server.max_connections`.
-pub fn render_connections(out: &mut String, limit: &ConnectionLimit) {
-    const MAX_HELP: &str = "Client connections served at once (server.max_connections); past it \
-        new ones wait in the listen backlog.";
-    const WAITS_HELP: &str =
-        "Accepted connections that waited for another to close (the limit reached).";
+/// The listener's client connections against `server.max_connections`, and the probe
+/// listener's against its own limit when `server.probe_listen` is set.
+pub fn render_connections(
+    out: &mut String,
+    clients: &ConnectionLimit,
+    probes: Option<&ConnectionLimit>,
+) {
+    render_listener(
+        out,
+        "sluice_connections",
+        "Client connections",
+        "server.max_connections",
+        clients,
+    );
+    if let Some(probes) = probes {
+        render_listener(
+            out,
+            "sluice_probe_connections",
+            "Probe listener connections",
+            "server.probe_listen",
+            probes,
+        );
+    }
+}
+
+/// One listener's `{prefix}_open`, `{prefix}_max` and `{prefix}_limit_waits_total`.
+fn render_listener(out: &mut String, prefix: &str, what: &str, key: &str, limit: &ConnectionLimit) {
+    let (open, max) = (format!("{prefix}_open"), format!("{prefix}_max"));
+    let open_help = format!("{what} being served now.");
+    let max_help =
+        format!("{what} served at once ({key}); past it new ones wait in the listen backlog.");
     let gauges = [
-        (
-            "sluice_connections_open",
-            "Client connections being served now.",
-            limit.open() as u64,
-        ),
-        ("sluice_connections_max", MAX_HELP, limit.max() as u64),
+        (open.as_str(), open_help.as_str(), limit.open() as u64),
+        (max.as_str(), max_help.as_str(), limit.max() as u64),
     ];
     gauges_of(out, &gauges);
     counter(
         out,
-        "sluice_connections_limit_waits_total",
-        WAITS_HELP,
+        &format!("{prefix}_limit_waits_total"),
+        "Accepted connections that waited for another to close (the limit reached).",
         limit.waited(),
     );
 }
@@ -443,6 +464,37 @@ fn render_ranks(out: &mut String, ranks: &[RankStatus]) {
         help(out, name, text, "gauge");
         for r in ranks {
             let _ = writeln!(out, "{name}{{rank=\"{}\"}} {}", r.rank, value(r));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_engine::http::ConnectionLimit;
+
+    use super::render_connections;
+
+    #[test]
+    fn the_probe_listeners_connections_are_shown_only_when_it_runs() {
+        let (clients, probes) = (ConnectionLimit::new(1000), ConnectionLimit::new(32));
+        let mut without = String::new();
+        render_connections(&mut without, &clients, None);
+        assert!(
+            without.contains("sluice_connections_max 1000\n"),
+            "{without}"
+        );
+        assert!(!without.contains("sluice_probe_"), "{without}");
+        let mut with = String::new();
+        render_connections(&mut with, &clients, Some(&probes));
+        assert!(with.starts_with(&without), "{with}");
+        for line in [
+            "# TYPE sluice_probe_connections_open gauge\n",
+            "sluice_probe_connections_open 0\n",
+            "sluice_probe_connections_max 32\n",
+            "# TYPE sluice_probe_connections_limit_waits_total counter\n",
+            "sluice_probe_connections_limit_waits_total 0\n",
+        ] {
+            assert!(with.contains(line), "{with} lacks {line}");
         }
     }
 }

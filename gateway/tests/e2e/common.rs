@@ -22,7 +22,7 @@ use sluice_gateway::routes::Router;
 use sluice_gateway::server::Surface;
 use sluice_gateway::{server, tls};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// The development certificates, generated once per test process.
@@ -53,7 +53,7 @@ pub struct Gateway {
     /// `127.0.0.1:0` whatever address it names).
     pub probe_addr: Option<SocketAddr>,
     pub app: App,
-    stop: Option<watch::Sender<bool>>,
+    stop: Option<server::Stop>,
     done: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -117,13 +117,7 @@ impl Gateway {
         let acceptor = TlsAcceptor::from(tls::server_config(&c.cert, &c.key).expect("tls"));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let (stop, stopping) = watch::channel(false);
-        let stopped = move || {
-            let mut stopping = stopping.clone();
-            async move {
-                let _ = stopping.wait_for(|s| *s).await;
-            }
-        };
+        let stop = server::Stop::default();
         let drain = Duration::from_secs(30);
         let mut probe_addr = None;
         if app.policy.current().policy.server.probe_listen.is_some() {
@@ -134,7 +128,7 @@ impl Gateway {
                 Some(acceptor.clone()),
                 router.clone(),
                 Surface::Probes,
-                stopped(),
+                stop.stopped(),
                 drain,
             );
             tokio::spawn(async move { serve.await.expect("serve probes") });
@@ -144,7 +138,7 @@ impl Gateway {
             Some(acceptor),
             router,
             Surface::Clients,
-            stopped(),
+            stop.stopped(),
             drain,
         );
         let done = tokio::spawn(async move { clients.await.expect("serve") });
@@ -160,7 +154,7 @@ impl Gateway {
     /// Stops accepting and waits for the requests in flight.
     pub async fn shutdown(mut self) {
         if let Some(s) = self.stop.take() {
-            let _ = s.send(true);
+            s.stop();
         }
         if let Some(d) = self.done.take() {
             d.await.expect("server task");

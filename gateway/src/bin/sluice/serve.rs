@@ -193,17 +193,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     eprintln!("sluice: listening on {scheme}://{}", listener.local_addr()?);
     server::warn_if_fds_short(policy.server.max_connections);
     // One signal stops every listener.
-    let (stop, stopping) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        let _ = stop.send(true);
-    });
-    let stopped = move || {
-        let mut stopping = stopping.clone();
+    let stop = server::Stop::default();
+    tokio::spawn({
+        let stop = stop.clone();
         async move {
-            let _ = stopping.wait_for(|s| *s).await;
+            shutdown_signal().await;
+            stop.stop();
         }
-    };
+    });
     let drain = policy.server.drain_timeout;
     let probes = match policy.server.probe_listen {
         Some(addr) => {
@@ -222,7 +219,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 acceptor.clone(),
                 router.clone(),
                 Surface::Probes,
-                stopped(),
+                stop.stopped(),
                 drain,
             );
             Some(tokio::spawn(serve))
@@ -234,7 +231,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         acceptor,
         router,
         Surface::Clients,
-        stopped(),
+        stop.stopped(),
         drain,
     )
     .await?;

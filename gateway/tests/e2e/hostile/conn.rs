@@ -422,6 +422,22 @@ async fn probes_are_answered_on_their_own_listener_past_max_connections() {
     let metrics = metrics.as_str().expect("Prometheus text");
     assert!(metrics.contains("sluice_connections_open 1\n"), "{metrics}");
     assert!(metrics.contains("sluice_connections_max 1\n"), "{metrics}");
+    // The probe listener's own count: this client's connection, under its own limit.
+    assert!(
+        metrics.contains("sluice_probe_connections_open 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "sluice_probe_connections_max {}\n",
+            sluice_gateway::server::PROBE_CONNECTIONS
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sluice_probe_connections_limit_waits_total 0\n"),
+        "{metrics}"
+    );
     let chat = crate::common::chat();
     for (method, path, want) in [
         ("POST", "/v1/chat/completions", StatusCode::NOT_FOUND),
