@@ -13,6 +13,14 @@ fn store(p: &Policy) -> Arc<PolicyStore> {
     PolicyStore::new(loaded)
 }
 
+/// A lease `shared` grants on its own while Redis is away (`fail = "local"`).
+async fn local_lease(shared: &Arc<Shared>) -> Lease {
+    shared
+        .acquire(Class::Batch, 4, Duration::from_secs(60))
+        .await
+        .expect("decided locally")
+}
+
 async fn settle() {
     for _ in 0..10 {
         tokio::task::yield_now().await;
@@ -62,10 +70,7 @@ async fn fail_closed_keeps_the_ceiling_and_refuses_instead() {
 #[tokio::test(start_paused = true)]
 async fn fail_local_grants_a_lease_at_once_and_registers_it_for_adoption() {
     let shared = unreachable(SharedFail::Local);
-    let lease = shared
-        .acquire(Class::Batch, 4, Duration::from_secs(60))
-        .await
-        .expect("decided locally");
+    let lease = local_lease(&shared).await;
     assert_eq!(
         shared.report().leases,
         1,
@@ -117,10 +122,7 @@ async fn fail_local_follows_a_reload_of_active_max_while_redis_is_away() {
 #[tokio::test(start_paused = true)]
 async fn a_held_response_hands_its_lease_to_the_stall_watch() {
     let shared = unreachable(SharedFail::Local);
-    let lease = shared
-        .acquire(Class::Batch, 4, Duration::from_secs(60))
-        .await
-        .expect("decided locally");
+    let lease = local_lease(&shared).await;
     let resp = http::Response::new(crate::body::full("data: {}\n\n"));
     let resp = hold::held(resp, lease, Duration::ZERO).expect("held");
     let on_stall = resp
