@@ -352,6 +352,32 @@ fn gauges_of<V: std::fmt::Display>(out: &mut String, gauges: &[(&str, &str, V)])
     }
 }
 
+/// One listener's connection metrics: their names (written out, so that a name can be found
+/// in the code), what they count, and the key that sets its limit.
+struct ListenerMetrics {
+    open: &'static str,
+    max: &'static str,
+    waits: &'static str,
+    what: &'static str,
+    limit: &'static str,
+}
+
+const CLIENT_LISTENER: ListenerMetrics = ListenerMetrics {
+    open: "sluice_connections_open",
+    max: "sluice_connections_max",
+    waits: "sluice_connections_limit_waits_total",
+    what: "Client connections",
+    limit: "server.max_connections",
+};
+
+const PROBE_LISTENER: ListenerMetrics = ListenerMetrics {
+    open: "sluice_probe_connections_open",
+    max: "sluice_probe_connections_max",
+    waits: "sluice_probe_connections_limit_waits_total",
+    what: "Connections to the probe listener (server.probe_listen)",
+    limit: "fixed",
+};
+
 /// The listener's client connections against `server.max_connections`, and the probe
 /// listener's against its own limit when `server.probe_listen` is set.
 pub fn render_connections(
@@ -359,38 +385,27 @@ pub fn render_connections(
     clients: &ConnectionLimit,
     probes: Option<&ConnectionLimit>,
 ) {
-    render_listener(
-        out,
-        "sluice_connections",
-        "Client connections",
-        "server.max_connections",
-        clients,
-    );
+    render_listener(out, &CLIENT_LISTENER, clients);
     if let Some(probes) = probes {
-        render_listener(
-            out,
-            "sluice_probe_connections",
-            "Probe listener connections",
-            "server.probe_listen",
-            probes,
-        );
+        render_listener(out, &PROBE_LISTENER, probes);
     }
 }
 
-/// One listener's `{prefix}_open`, `{prefix}_max` and `{prefix}_limit_waits_total`.
-fn render_listener(out: &mut String, prefix: &str, what: &str, key: &str, limit: &ConnectionLimit) {
-    let (open, max) = (format!("{prefix}_open"), format!("{prefix}_max"));
+fn render_listener(out: &mut String, names: &ListenerMetrics, limit: &ConnectionLimit) {
+    let what = names.what;
     let open_help = format!("{what} being served now.");
-    let max_help =
-        format!("{what} served at once ({key}); past it new ones wait in the listen backlog.");
+    let max_help = format!(
+        "{what} served at once ({}); past it new ones wait in the listen backlog.",
+        names.limit
+    );
     let gauges = [
-        (open.as_str(), open_help.as_str(), limit.open() as u64),
-        (max.as_str(), max_help.as_str(), limit.max() as u64),
+        (names.open, open_help.as_str(), limit.open() as u64),
+        (names.max, max_help.as_str(), limit.max() as u64),
     ];
     gauges_of(out, &gauges);
     counter(
         out,
-        &format!("{prefix}_limit_waits_total"),
+        names.waits,
         "Accepted connections that waited for another to close (the limit reached).",
         limit.waited(),
     );
