@@ -7,6 +7,7 @@ use tokio::net::TcpStream;
 use tokio::time::timeout;
 
 use super::*;
+use crate::telemetry::captured::Captured;
 
 /// A fresh scratch directory for this test process.
 fn scratch(name: &str) -> PathBuf {
@@ -168,33 +169,6 @@ fn fake_engine(dir: &Path, script: &str) -> PathBuf {
     std::fs::write(&bin, format!("#!/bin/sh\n{script}")).expect("write");
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     bin
-}
-
-/// What `tracing` wrote while a test ran (no timestamps, no colour).
-#[derive(Clone, Default)]
-struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Self;
-    fn make_writer(&'a self) -> Self {
-        self.clone()
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
-    }
 }
 
 /// The process group of the process whose `/proc/PID/stat` is `stat`.

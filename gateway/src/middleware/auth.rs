@@ -106,7 +106,7 @@ impl<B> Check<B> for Auth {
         // A caller may lower its class, never raise it.
         let class = asked.map_or(own, |c| c.min(own));
         if let Some(r) = req.extensions().get::<RequestRecord>() {
-            r.set_class(class);
+            r.set_caller(tenant.as_deref().map(|t| t.name.as_str()), class);
         }
         req.extensions_mut().insert(Caller { tenant, class });
         req.extensions_mut().insert(Snapshot(policy));

@@ -116,7 +116,12 @@ where
         );
         req.extensions_mut().insert(id.clone());
         req.extensions_mut().insert(trace);
-        let record = RequestRecord::new(tokio::time::Instant::now(), trace);
+        let record = RequestRecord::new(
+            tokio::time::Instant::now(),
+            trace,
+            id.as_str(),
+            req.uri().path(),
+        );
         req.extensions_mut().insert(record.clone());
         let inner = self.inner.clone();
         let guard = OutcomeGuard::accept(self.metrics.clone(), record);

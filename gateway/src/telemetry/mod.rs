@@ -2,12 +2,16 @@
 //! time waiting for admission apart from time upstream, tokens, policy reloads; rendered as
 //! Prometheus text.
 //!
+//! - [`access`]: the access log, a line a request at its end.
 //! - [`metrics`]: the counters and histograms, and `GET /metrics`.
 //! - [`outcome`]: how a request ended, and the body that records it at its end.
 //! - [`record`]: the facts the layers learn about a request on its way down.
 //! - [`spans`]: the request's trace (`gateway.request`, `gateway.queue`, `gateway.upstream`).
 //! - [`usage`]: reading the completion-token count out of a response.
 
+pub mod access;
+#[cfg(test)]
+pub(crate) mod captured;
 pub mod metrics;
 pub mod outcome;
 pub mod record;

@@ -21,6 +21,12 @@ pub struct Facts {
     /// The same moment on the wall clock (the spans' timestamps are anchored here).
     pub arrived_wall: SystemTime,
     pub trace: RequestTrace,
+    /// The request's `x-request-id` (the client's, or the one the gateway gave it).
+    pub request_id: String,
+    /// The endpoint (`/v1/chat/completions` or `/v1/completions`: the stack serves no other).
+    pub path: String,
+    /// The tenant, once authenticated; none while the gateway runs open or before auth.
+    pub tenant: Option<String>,
     pub class: Class,
     /// The prompt's length, once counted.
     pub prompt_tokens: Option<usize>,
@@ -33,11 +39,14 @@ pub struct Facts {
 }
 
 impl RequestRecord {
-    pub fn new(arrived: Instant, trace: RequestTrace) -> Self {
+    pub fn new(arrived: Instant, trace: RequestTrace, request_id: &str, path: &str) -> Self {
         Self(Arc::new(Mutex::new(Facts {
             arrived,
             arrived_wall: SystemTime::now(),
             trace,
+            request_id: request_id.into(),
+            path: path.into(),
+            tenant: None,
             class: Class::Interactive,
             prompt_tokens: None,
             queue: None,
@@ -54,8 +63,11 @@ impl RequestRecord {
         self.lock().clone()
     }
 
-    pub fn set_class(&self, class: Class) {
-        self.lock().class = class;
+    /// Who called (the tenant, none when the gateway runs open) and in which class.
+    pub fn set_caller(&self, tenant: Option<&str>, class: Class) {
+        let mut f = self.lock();
+        f.tenant = tenant.map(str::to_owned);
+        f.class = class;
     }
 
     pub fn set_prompt_tokens(&self, n: usize) {
@@ -120,7 +132,7 @@ impl RequestRecord {
         }
     }
 
-    /// The request ended: its spans go to the sink (once).
+    /// The request ended: its access line is logged and its spans go to the sink (once).
     pub fn finish(&self, ended: &Ended<'_>) {
         let facts = {
             let mut f = self.lock();
@@ -129,6 +141,7 @@ impl RequestRecord {
             }
             f.clone()
         };
+        super::access::log(&facts, ended);
         emit(&facts, ended);
     }
 }

@@ -1,6 +1,7 @@
 //! End-to-end tests of the gateway over HTTPS: against a scripted upstream (`scripted`) and
 //! against the real bundled engine (`bundled`).
 
+mod access_log;
 mod bundled;
 mod common;
 mod engine;

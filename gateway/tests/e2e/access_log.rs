@@ -1,0 +1,160 @@
+//! The access log of the real `sluice serve` process: one line on its stderr for each
+//! generation request, served or refused, with the caller, the outcome and the times.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use serde_json::json;
+use sluice_gateway::policy::UpstreamKind;
+use tokio::io::AsyncBufReadExt;
+use tokio::net::TcpStream;
+
+use crate::common::{chat, eventually, policy, tenant, ScriptedUpstream};
+
+/// A chat request over plain HTTP/1.1 with `x-request-id: id` (and `Bearer key` when given):
+/// its status, once its body was read to the end.
+async fn post(addr: SocketAddr, id: &str, key: Option<&str>) -> StatusCode {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut req = Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("host", addr.to_string())
+        .header("x-request-id", id);
+    if let Some(key) = key {
+        req = req.header("authorization", format!("Bearer {key}"));
+    }
+    let req = req
+        .body(Full::new(Bytes::from(chat().to_string())))
+        .expect("request");
+    let resp = send.send_request(req).await.expect("response");
+    let status = resp.status();
+    resp.into_body().collect().await.expect("body");
+    status
+}
+
+/// The process's stderr lines, as they come.
+fn collect_lines(stderr: tokio::process::ChildStderr) -> Arc<Mutex<Vec<String>>> {
+    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = lines.clone();
+    tokio::spawn(async move {
+        let mut reader = tokio::io::BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            sink.lock().expect("lock").push(line);
+        }
+    });
+    lines
+}
+
+/// The access line of request `id`, if logged yet.
+fn access_line(lines: &Mutex<Vec<String>>, id: &str) -> Option<String> {
+    let needle = format!("request_id=\"{id}\"");
+    lines
+        .lock()
+        .expect("lock")
+        .iter()
+        .find(|l| l.contains("sluice::access") && l.contains(&needle))
+        .cloned()
+}
+
+#[tokio::test]
+async fn sluice_serve_logs_one_access_line_per_request_served_or_refused() {
+    let mut up = ScriptedUpstream::start().await;
+    let mut p = policy(4, 16);
+    p.upstream.kind = UpstreamKind::Openai;
+    p.upstream.urls = vec![up.url()];
+    p.tenants = vec![tenant("alice", "sk-alice")];
+    tokio::spawn(async move {
+        while let Some(mut a) = up.arrivals.recv().await {
+            let usage = json!({"choices": [{"index": 0, "delta": {"content": "Hi"}}],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}});
+            let text = format!("data: {usage}\n\ndata: [DONE]\n\n");
+            let _ = a.tx.send_data(Bytes::from(text)).await;
+        }
+    });
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let dir = std::env::temp_dir().join(format!("sluice-access-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("policy.toml");
+    std::fs::write(&file, toml::to_string(&p).expect("policy as TOML")).expect("write policy");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--plain-http", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--policy")
+        .arg(&file)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("sluice serve");
+    let lines = collect_lines(child.stderr.take().expect("stderr"));
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let listening = || {
+        let lines = lines.lock().expect("lock");
+        lines.iter().any(|l| l.contains("sluice: listening on"))
+    };
+    assert!(
+        eventually(Duration::from_secs(20), listening).await,
+        "sluice serve did not start: {:?}",
+        lines.lock().expect("lock")
+    );
+
+    assert_eq!(post(addr, "acc-ok", Some("sk-alice")).await, StatusCode::OK);
+    assert_eq!(
+        post(addr, "acc-no-key", None).await,
+        StatusCode::UNAUTHORIZED
+    );
+    let both =
+        || access_line(&lines, "acc-ok").is_some() && access_line(&lines, "acc-no-key").is_some();
+    assert!(
+        eventually(Duration::from_secs(5), both).await,
+        "no access lines: {:#?}",
+        lines.lock().expect("lock")
+    );
+
+    let ok = access_line(&lines, "acc-ok").expect("logged");
+    for field in [
+        " INFO sluice::access: request ",
+        " tenant=\"alice\" class=interactive path=/v1/chat/completions status=200 outcome=ok \
+         code=none prompt_tokens=",
+        " output_tokens=3 queue_ms=0 ttft_ms=",
+        " duration_ms=",
+    ] {
+        assert!(ok.contains(field), "{ok:?} lacks {field:?}");
+    }
+    assert!(
+        !ok.contains('\u{1b}'),
+        "colour codes off a terminal: {ok:?}"
+    );
+    let refused = access_line(&lines, "acc-no-key").expect("logged");
+    assert!(
+        refused.contains(" status=401 outcome=rejected code=invalid_api_key "),
+        "{refused:?}"
+    );
+    for absent in ["tenant=", "queue_ms=", "ttft_ms="] {
+        assert!(!refused.contains(absent), "{refused:?} has {absent:?}");
+    }
+    // One line each: the body's end and the guard do not both log.
+    let count = |id: &str| {
+        let needle = format!("request_id=\"{id}\"");
+        let lines = lines.lock().expect("lock");
+        lines
+            .iter()
+            .filter(|l| l.contains("sluice::access") && l.contains(&needle))
+            .count()
+    };
+    assert_eq!((count("acc-ok"), count("acc-no-key")), (1, 1));
+    let _ = child.kill().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
