@@ -9,6 +9,7 @@ use sluice_engine::http::ConnectionLimit;
 use sluice_engine::prom::{escape, header as help, Histogram};
 
 use super::outcome::Outcome;
+use super::tenants::TenantUsage;
 use crate::bundled::RankStatus;
 use crate::middleware::admission::{PredictionView, Snapshot};
 use crate::policy::{Class, LoadedPolicy};
@@ -60,6 +61,8 @@ pub struct Metrics {
     pub output_tokens: Histogram,
     /// |predicted − actual| / actual time to first token of each admitted stream.
     pub ttft_prediction_error: Histogram,
+    /// Each tenant's requests and tokens.
+    pub tenants: TenantUsage,
 }
 
 impl Default for Metrics {
@@ -76,6 +79,7 @@ impl Default for Metrics {
             input_tokens: Histogram::new(TOKEN_BUCKETS),
             output_tokens: Histogram::new(TOKEN_BUCKETS),
             ttft_prediction_error: Histogram::new(ERROR_BUCKETS),
+            tenants: TenantUsage::default(),
         }
     }
 }
@@ -151,6 +155,7 @@ impl Metrics {
                 );
             }
         }
+        self.tenants.render(&mut out);
         help(
             &mut out,
             "sluice_policy_reloads_total",

@@ -7,6 +7,7 @@
 //! - [`outcome`]: how a request ended, and the body that records it at its end.
 //! - [`record`]: the facts the layers learn about a request on its way down.
 //! - [`spans`]: the request's trace (`gateway.request`, `gateway.queue`, `gateway.upstream`).
+//! - [`tenants`]: each tenant's requests and tokens.
 //! - [`usage`]: reading the completion-token count out of a response.
 
 pub mod access;
@@ -16,6 +17,7 @@ pub mod metrics;
 pub mod outcome;
 pub mod record;
 pub mod spans;
+pub mod tenants;
 pub mod usage;
 
 pub use metrics::Metrics;

@@ -107,15 +107,14 @@ impl OutcomeGuard {
     /// The request ended with an error response.
     pub fn refused(mut self, e: &GatewayError) {
         if let Some((m, r)) = self.end.take() {
-            let outcome = Outcome::of_error(e);
-            m.ended(outcome, e.code(), r.facts().class);
-            r.finish(&Ended {
+            let ended = Ended {
                 at: tokio::time::Instant::now(),
-                outcome,
+                outcome: Outcome::of_error(e),
                 code: e.code(),
                 status: Some(e.class().status.as_u16()),
                 output_tokens: None,
-            });
+            };
+            count_end(&m, &r, &ended);
         }
     }
 
@@ -135,14 +134,14 @@ impl OutcomeGuard {
 impl Drop for OutcomeGuard {
     fn drop(&mut self) {
         if let Some((m, r)) = self.end.take() {
-            m.ended(Outcome::Cancelled, "none", r.facts().class);
-            r.finish(&Ended {
+            let ended = Ended {
                 at: tokio::time::Instant::now(),
                 outcome: Outcome::Cancelled,
                 code: "none",
                 status: None,
                 output_tokens: None,
-            });
+            };
+            count_end(&m, &r, &ended);
         }
     }
 }
@@ -179,7 +178,6 @@ impl Ending {
         };
         let at = tokio::time::Instant::now();
         let facts = r.facts();
-        m.ended(outcome, code, facts.class);
         m.request_duration.observe(at - facts.arrived);
         if let Some(n) = facts.prompt_tokens {
             m.input_tokens.observe_value(n as f64);
@@ -188,14 +186,30 @@ impl Ending {
         if let Some(n) = output_tokens {
             m.output_tokens.observe_value(n as f64);
         }
-        r.finish(&Ended {
+        let ended = Ended {
             at,
             outcome,
             code,
             status: Some(self.status.as_u16()),
             output_tokens,
-        });
+        };
+        count_end(&m, &r, &ended);
     }
+}
+
+/// Counts how a request ended (`sluice_requests_total`, and its tenant's usage when it has
+/// one) and finishes its record (the access line, the spans): once, as each caller takes the
+/// request's end out first.
+fn count_end(m: &Metrics, r: &RequestRecord, ended: &Ended<'_>) {
+    let facts = r.facts();
+    m.ended(ended.outcome, ended.code, facts.class);
+    if let Some(tenant) = &facts.tenant {
+        // Prompt tokens count once sent upstream: what the tenant was served.
+        let sent = facts.upstream.as_ref().and(facts.prompt_tokens);
+        m.tenants
+            .ended(tenant, ended.outcome, sent, ended.output_tokens);
+    }
+    r.finish(ended);
 }
 
 impl Tap for Ending {

@@ -1,5 +1,6 @@
-//! The access log of the real `sluice serve` process: one line on its stderr for each
-//! generation request, served or refused, with the caller, the outcome and the times.
+//! A request's accounting by the real `sluice serve` process: one access line on its stderr for
+//! each generation request, served or refused, with the caller, the outcome and the times; and
+//! its tenant's counters on `/metrics`.
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -40,6 +41,23 @@ async fn post(addr: SocketAddr, id: &str, key: Option<&str>) -> StatusCode {
     status
 }
 
+/// `GET /metrics` over plain HTTP/1.1: the Prometheus text.
+async fn metrics(addr: SocketAddr) -> String {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let req = Request::get(format!("http://{addr}/metrics"))
+        .header("host", addr.to_string())
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let resp = send.send_request(req).await.expect("response");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    String::from_utf8(body.to_vec()).expect("UTF-8")
+}
+
 /// The process's stderr lines, as they come.
 fn collect_lines(stderr: tokio::process::ChildStderr) -> Arc<Mutex<Vec<String>>> {
     let lines: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -65,7 +83,7 @@ fn access_line(lines: &Mutex<Vec<String>>, id: &str) -> Option<String> {
 }
 
 #[tokio::test]
-async fn sluice_serve_logs_one_access_line_per_request_served_or_refused() {
+async fn sluice_serve_accounts_each_request_in_an_access_line_and_its_tenants_counters() {
     let mut up = ScriptedUpstream::start().await;
     let mut p = policy(4, 16);
     p.upstream.kind = UpstreamKind::Openai;
@@ -155,6 +173,31 @@ async fn sluice_serve_logs_one_access_line_per_request_served_or_refused() {
             .count()
     };
     assert_eq!((count("acc-ok"), count("acc-no-key")), (1, 1));
+
+    // The tenant's counters: its one request, its prompt as the gateway counted it on arrival
+    // (the access line's), the upstream's 3 completion tokens. The request without a key
+    // belongs to no tenant.
+    let prompt: u64 = ok
+        .split(" prompt_tokens=")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("prompt_tokens in the access line");
+    assert!(prompt > 0, "{ok:?}");
+    let text = metrics(addr).await;
+    for line in [
+        "sluice_tenant_requests_total{tenant=\"alice\",outcome=\"ok\"} 1\n".to_owned(),
+        "sluice_tenant_requests_total{tenant=\"alice\",outcome=\"rejected\"} 0\n".to_owned(),
+        format!("sluice_tenant_prompt_tokens_total{{tenant=\"alice\"}} {prompt}\n"),
+        "sluice_tenant_completion_tokens_total{tenant=\"alice\"} 3\n".to_owned(),
+    ] {
+        assert!(text.contains(&line), "/metrics lacks {line:?}");
+    }
+    let tenants: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("sluice_tenant_requests_total{"))
+        .collect();
+    assert_eq!(tenants.len(), 6, "alice's six outcomes alone: {tenants:#?}");
     let _ = child.kill().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
