@@ -6,7 +6,7 @@
 //! | `GET /v1/models` | the model behind the gateway (API key required when tenants exist) |
 //! | `GET /healthz` | 200 while the gateway runs (liveness) |
 //! | `GET /readyz` | 200 when the upstream (every engine rank) is ready, else 503 |
-//! | `GET /metrics` | Prometheus text |
+//! | `GET /metrics` | Prometheus text (each tenant's counters only on the probe listener or with the admin key) |
 //! | `GET /admin/policy` | the policy in force: hash, load time, effective values (admin key) |
 //! | `GET /ui`, `GET /ui/stats` | the status page and its figures ([`crate::ui`]) |
 //!
@@ -50,7 +50,7 @@ impl Router {
             ("/v1/models", &Method::GET) => self.models(req),
             ("/healthz", &Method::GET) => Ok(json_ok(StatusCode::OK, &json!({"status": "ok"}))),
             ("/readyz", &Method::GET) => Ok(self.readyz()),
-            ("/metrics", &Method::GET) => Ok(self.metrics()),
+            ("/metrics", &Method::GET) => Ok(self.metrics(self.admin_presented(&req))),
             ("/admin/policy", &Method::GET) => self.admin_policy(&req),
             ("/ui", &Method::GET) => Ok(crate::ui::page()),
             ("/ui/", &Method::GET) => Ok(crate::ui::redirect()),
@@ -69,7 +69,11 @@ impl Router {
 
     /// A request on the probe listener: [`PROBE_PATHS`] as on the clients' listener, any other
     /// path 404 (no generation, no admin, no status page there).
+    /// Its scrapes read each tenant's counters, as the deployment's own Prometheus does.
     pub async fn probe(&self, req: Request<Incoming>) -> Result<Response<GatewayBody>, Infallible> {
+        if req.uri().path() == "/metrics" && req.method() == Method::GET {
+            return Ok(self.metrics(true));
+        }
         if PROBE_PATHS.contains(&req.uri().path()) {
             return self.handle(req).await;
         }
@@ -96,6 +100,15 @@ impl Router {
             .admin
             .api_key_sha256
             .is_some()
+    }
+
+    /// Whether `req` presents the admin key of the policy in force (compared in constant time).
+    fn admin_presented<B>(&self, req: &Request<B>) -> bool {
+        let loaded = self.app.policy.current();
+        let admin = loaded.policy.admin.api_key_sha256.as_deref();
+        admin
+            .zip(presented_key(req))
+            .is_some_and(|(admin, key)| key_matches(admin, key))
     }
 
     /// The policy in force; only with the admin key (404 when the policy names none, so the
@@ -126,12 +139,18 @@ impl Router {
         ))
     }
 
-    /// The gateway's metrics, the engine's ranks and the alerter's state.
-    fn metrics(&self) -> Response<GatewayBody> {
+    /// The gateway's metrics, the engine's ranks and the alerter's state; each tenant's
+    /// counters too when `tenants`. The clients' listener asks no key for `/metrics`, and one
+    /// tenant must not read another's name or volume there: they go to the probe listener's
+    /// scrapes and to a scrape with the admin key.
+    fn metrics(&self, tenants: bool) -> Response<GatewayBody> {
         let app = &self.app;
         let mut text = app
             .metrics
             .render(&app.admission.snapshot(), &app.upstream.ranks());
+        if tenants {
+            app.metrics.tenants.render(&mut text);
+        }
         crate::telemetry::metrics::render_policy(&mut text, &app.policy.current());
         let probes = app.policy.current().policy.server.probe_listen.is_some();
         crate::telemetry::metrics::render_connections(

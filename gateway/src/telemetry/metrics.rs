@@ -61,7 +61,8 @@ pub struct Metrics {
     pub output_tokens: Histogram,
     /// |predicted − actual| / actual time to first token of each admitted stream.
     pub ttft_prediction_error: Histogram,
-    /// Each tenant's requests and tokens.
+    /// Each tenant's requests and tokens (not in [`Metrics::render`]: shown only to a scrape
+    /// that may read tenants' names, see `routes.rs`).
     pub tenants: TenantUsage,
 }
 
@@ -155,7 +156,6 @@ impl Metrics {
                 );
             }
         }
-        self.tenants.render(&mut out);
         help(
             &mut out,
             "sluice_policy_reloads_total",

@@ -15,7 +15,7 @@ use sluice_gateway::policy::UpstreamKind;
 use tokio::io::AsyncBufReadExt;
 use tokio::net::TcpStream;
 
-use crate::common::{chat, eventually, policy, tenant, ScriptedUpstream};
+use crate::common::{chat, eventually, policy, sha256_hex, tenant, ScriptedUpstream};
 
 /// A chat request over plain HTTP/1.1 with `x-request-id: id` (and `Bearer key` when given):
 /// its status, once its body was read to the end.
@@ -41,17 +41,18 @@ async fn post(addr: SocketAddr, id: &str, key: Option<&str>) -> StatusCode {
     status
 }
 
-/// `GET /metrics` over plain HTTP/1.1: the Prometheus text.
-async fn metrics(addr: SocketAddr) -> String {
+/// `GET /metrics` over plain HTTP/1.1 (with `Bearer key` when given): the Prometheus text.
+async fn metrics(addr: SocketAddr, key: Option<&str>) -> String {
     let tcp = TcpStream::connect(addr).await.expect("connect");
     let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
         .await
         .expect("handshake");
     tokio::spawn(conn);
-    let req = Request::get(format!("http://{addr}/metrics"))
-        .header("host", addr.to_string())
-        .body(Full::new(Bytes::new()))
-        .expect("request");
+    let mut req = Request::get(format!("http://{addr}/metrics")).header("host", addr.to_string());
+    if let Some(key) = key {
+        req = req.header("authorization", format!("Bearer {key}"));
+    }
+    let req = req.body(Full::new(Bytes::new())).expect("request");
     let resp = send.send_request(req).await.expect("response");
     assert_eq!(resp.status(), StatusCode::OK);
     let body = resp.into_body().collect().await.expect("body").to_bytes();
@@ -89,6 +90,7 @@ async fn sluice_serve_accounts_each_request_in_an_access_line_and_its_tenants_co
     p.upstream.kind = UpstreamKind::Openai;
     p.upstream.urls = vec![up.url()];
     p.tenants = vec![tenant("alice", "sk-alice")];
+    p.admin.api_key_sha256 = Some(sha256_hex("sk-admin"));
     tokio::spawn(async move {
         while let Some(mut a) = up.arrivals.recv().await {
             let usage = json!({"choices": [{"index": 0, "delta": {"content": "Hi"}}],
@@ -174,9 +176,10 @@ async fn sluice_serve_accounts_each_request_in_an_access_line_and_its_tenants_co
     };
     assert_eq!((count("acc-ok"), count("acc-no-key")), (1, 1));
 
-    // The tenant's counters: its one request, its prompt as the gateway counted it on arrival
-    // (the access line's), the upstream's 3 completion tokens. The request without a key
-    // belongs to no tenant.
+    // The tenant's counters, to a scrape with the admin key (without it, or with a tenant's
+    // key, none: `/metrics` asks no key here, and a tenant must not read another's name): its
+    // one request, its prompt as the gateway counted it on arrival (the access line's), the
+    // upstream's 3 completion tokens. The request without a key belongs to no tenant.
     let prompt: u64 = ok
         .split(" prompt_tokens=")
         .nth(1)
@@ -184,7 +187,12 @@ async fn sluice_serve_accounts_each_request_in_an_access_line_and_its_tenants_co
         .and_then(|n| n.parse().ok())
         .expect("prompt_tokens in the access line");
     assert!(prompt > 0, "{ok:?}");
-    let text = metrics(addr).await;
+    for key in [None, Some("sk-alice"), Some("sk-wrong")] {
+        let open = metrics(addr, key).await;
+        assert!(open.contains("sluice_requests_total{"), "{open}");
+        assert!(!open.contains("sluice_tenant_"), "tenants shown to {key:?}");
+    }
+    let text = metrics(addr, Some("sk-admin")).await;
     for line in [
         "sluice_tenant_requests_total{tenant=\"alice\",outcome=\"ok\"} 1\n".to_owned(),
         "sluice_tenant_requests_total{tenant=\"alice\",outcome=\"rejected\"} 0\n".to_owned(),

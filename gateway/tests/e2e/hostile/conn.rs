@@ -438,6 +438,11 @@ async fn probes_are_answered_on_their_own_listener_past_max_connections() {
         metrics.contains("sluice_probe_connections_limit_waits_total 0\n"),
         "{metrics}"
     );
+    // Each tenant's counters go to the probe listener's scrapes (no key asked there either).
+    assert!(
+        metrics.contains("# TYPE sluice_tenant_requests_total counter\n"),
+        "{metrics}"
+    );
     let chat = crate::common::chat();
     for (method, path, want) in [
         ("POST", "/v1/chat/completions", StatusCode::NOT_FOUND),
