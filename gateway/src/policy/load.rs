@@ -5,6 +5,7 @@ use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
+use super::guard::{Admitted, Guard};
 use super::redact;
 use super::schema::Policy;
 use super::validate;
@@ -85,6 +86,19 @@ impl LoadedPolicy {
 /// On success the CLI prints `ok <sha256>`.
 pub fn check_file(path: &Path) -> Result<LoadedPolicy, PolicyError> {
     LoadedPolicy::from_file(path)
+}
+
+/// What `sluice policy check NEW --against RUNNING` runs: NEW loaded as a reload over RUNNING
+/// would load it, under the same rules (see [`super::guard`]) for a gateway listening on
+/// RUNNING's `server.listen`: what goes in force, the keys that wait for a restart, and the
+/// changes in who may call and how much; or why the reload would be refused.
+pub fn check_reload(new: &Path, running: &Path) -> Result<(LoadedPolicy, Admitted), PolicyError> {
+    let running = LoadedPolicy::from_file(running)?;
+    let loaded = LoadedPolicy::from_file(new)?;
+    let admitted = Guard::new(running.policy.server.listen)
+        .admit(&running.policy, loaded.policy.clone())
+        .map_err(|e| PolicyError::new(format!("{}: {e}", new.display())))?;
+    Ok((loaded, admitted))
 }
 
 /// Parses and validates policy text; errors name the line and column.

@@ -23,7 +23,7 @@ pub mod validate;
 mod tests;
 
 pub use guard::Guard;
-pub use load::{check_file, LoadedPolicy, PolicyError};
+pub use load::{check_file, check_reload, LoadedPolicy, PolicyError};
 pub use reload::{spawn_reloader, ReloadHandle};
 pub use schema::{
     Admin, Admission, Alerts, Class, Cost, Limits, Policy, Server, Shared, SharedFail, Tenant,

@@ -390,3 +390,70 @@ async fn serving_open_off_loopback_needs_server_open_at_start() {
     let _ = open.kill().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `sluice policy check NEW --against RUNNING` says what saving NEW over RUNNING would do, by
+/// the reload's own rules: its access changes and the keys that wait for a restart; and it
+/// refuses, naming the key, what a reload would refuse.
+#[tokio::test]
+async fn policy_check_against_the_file_in_force_says_what_a_reload_would_do() {
+    let dir = std::env::temp_dir().join(format!("sluice-edits-{}-check", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (running_text, _) = policy_text(4);
+    let running = dir.join("running.toml");
+    std::fs::write(&running, &running_text).expect("write");
+    let check = |text: String| {
+        let new = dir.join("new.toml");
+        std::fs::write(&new, text).expect("write");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["policy", "check"])
+            .arg(&new)
+            .arg("--against")
+            .arg(&running)
+            .output()
+            .expect("sluice policy check");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success(), stdout)
+    };
+
+    // The same file: ok, nothing to say.
+    let (ok, out) = check(running_text.clone());
+    assert!(ok, "{out}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.starts_with("ok "), "{out}");
+
+    // A second tenant, alice's limit raised, a new listen address: two access lines, one
+    // restart line.
+    let widened = running_text.replace(
+        "name = \"alice\"\n",
+        "name = \"alice\"\nrequests_per_second = 5.0\n",
+    ) + &format!(
+        "\n[[tenants]]\nname = \"bob\"\napi_key_sha256 = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:9443\"\n",
+        sha256_hex("sk-bob")
+    );
+    let (ok, out) = check(widened);
+    assert!(ok, "{out}");
+    for line in [
+        "access: tenants added: [\"bob\"]\n",
+        "access: tenant \"alice\": requests_per_second unlimited -> 5\n",
+        "restart: server.listen (a reload keeps its running value)\n",
+    ] {
+        assert!(out.contains(line), "{out:?} lacks {line:?}");
+    }
+
+    // Every tenant dropped without `server.open`: refused, as the reload would.
+    let (first, split) = policy_text(4);
+    let no_tenants = first[..split]
+        .split("[[tenants]]")
+        .next()
+        .expect("text")
+        .to_owned()
+        + &first[split..];
+    let (ok, out) = check(no_tenants);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("new.toml: tenants: the new file has no [[tenants]]"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -3,7 +3,8 @@
 //! - `sluice serve`: the gateway, in front of the bundled engine (started and supervised
 //!   here) or of OpenAI-compatible upstreams, as the policy says.
 //! - `sluice certs dev`: a local CA and a `localhost` certificate in `certs/`.
-//! - `sluice policy check FILE`: `ok <sha256>`, or the error a reload would log.
+//! - `sluice policy check FILE [--against RUNNING]`: `ok <sha256>`, or the error a reload
+//!   would log; against the file in force, also what the reload would change.
 
 mod serve;
 
@@ -11,7 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use sluice_gateway::policy::load::check_file;
+use sluice_gateway::policy::load::{check_file, check_reload};
 
 /// mimalloc's per-thread caches instead of glibc's arenas: a request allocates and frees many
 /// small buffers (headers, JSON, token ids) on whichever worker runs it.
@@ -50,7 +51,13 @@ enum CertsCommand {
 #[derive(Subcommand, Debug)]
 enum PolicyCommand {
     /// Validates a policy file: prints `ok <sha256>` (exit 0) or the error (exit 1).
-    Check { file: PathBuf },
+    Check {
+        file: PathBuf,
+        /// The file in force: check FILE as a reload over it would (the same refusals), and
+        /// print what it would change (`access: ...`, `restart: KEY` lines).
+        #[arg(long, value_name = "RUNNING")]
+        against: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -77,9 +84,31 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Policy(PolicyCommand::Check { file }) => match check_file(&file) {
+        Command::Policy(PolicyCommand::Check {
+            file,
+            against: None,
+        }) => match check_file(&file) {
             Ok(p) => {
                 println!("ok {}", p.sha256);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                println!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Policy(PolicyCommand::Check {
+            file,
+            against: Some(running),
+        }) => match check_reload(&file, &running) {
+            Ok((p, admitted)) => {
+                println!("ok {}", p.sha256);
+                for change in &admitted.access_changes {
+                    println!("access: {change}");
+                }
+                for key in &admitted.restart_pending {
+                    println!("restart: {key} (a reload keeps its running value)");
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {
