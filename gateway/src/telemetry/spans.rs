@@ -144,6 +144,9 @@ pub fn emit(facts: &Facts, ended: &Ended<'_>) {
         ("sluice.outcome", ended.outcome.as_str().into()),
         ("sluice.class", facts.class.as_str().into()),
     ];
+    if let Some(tenant) = &facts.tenant {
+        root.push(("sluice.tenant", tenant.as_str().into()));
+    }
     if let Some(s) = ended.status {
         root.push(("http.response.status_code", s.into()));
     }

@@ -27,7 +27,7 @@ use sluice_engine::trace::otlp::{self, OtlpConfig, OtlpExporter, OtlpSettings};
 use sluice_engine::trace::{SpanKind, SpanRecord, SpanSink, TraceContext};
 use tokio::net::TcpListener;
 
-use crate::common::{chat, eventually, policy, Gateway, ScriptedUpstream};
+use crate::common::{chat, eventually, policy, tenant, Gateway, ScriptedUpstream};
 
 /// A span as the collector received it.
 #[derive(Clone, Debug)]
@@ -304,8 +304,12 @@ fn secs(v: Option<Any>) -> f64 {
 async fn a_queued_request_is_traced_as_queue_then_upstream() {
     let collector = export_gateway_spans();
     let mut up = ScriptedUpstream::start().await;
-    let gw = Gateway::start(policy(1, 4), up.upstream()).await;
-    let c = gw.client();
+    let mut p = policy(1, 4);
+    p.tenants = vec![tenant("alice", "sk-otlp-alice")];
+    let gw = Gateway::start(p, up.upstream()).await;
+    let c = gw
+        .client()
+        .with_header("authorization", "Bearer sk-otlp-alice");
     // The first request takes the only slot.
     let first = c.send("POST", "/v1/chat/completions", Some(&chat())).await;
     let holder = up.next(Duration::from_secs(5)).await.expect("admitted");
@@ -413,6 +417,10 @@ async fn a_queued_request_is_traced_as_queue_then_upstream() {
     assert_eq!(
         root.attr("sluice.outcome"),
         Some(Any::StringValue("ok".into()))
+    );
+    assert_eq!(
+        root.attr("sluice.tenant"),
+        Some(Any::StringValue("alice".into()))
     );
 
     // Never overlapping, together covering the request (within 1 ms).
