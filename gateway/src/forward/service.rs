@@ -156,6 +156,9 @@ impl Service<Request<Json>> for Forward {
                     }
                 }
             };
+            if let Some(r) = parts.extensions.get::<RequestRecord>() {
+                r.answered_by(lease.target.shown());
+            }
             let sse = is_sse(resp.headers());
             // A stream's health is judged at its end (`IdleBody`).
             if !(resp.status().is_success() && sse) {

@@ -268,3 +268,19 @@ fn upstream_uris_keep_the_path_and_query_under_the_base_path() {
         assert_eq!(target.uri(&pq).expect("uri").to_string(), want, "{base}");
     }
 }
+
+#[test]
+fn a_replica_is_shown_without_its_credentials_or_path() {
+    let shown = |base: &str| {
+        super::Target {
+            base: base.parse().expect("a URI"),
+        }
+        .shown()
+    };
+    assert_eq!(
+        shown("http://user:secret@10.0.0.7:8000/v1"),
+        "http://10.0.0.7:8000"
+    );
+    assert_eq!(shown("https://vllm.internal"), "https://vllm.internal");
+    assert_eq!(shown("http://[::1]:8000/"), "http://[::1]:8000");
+}

@@ -18,6 +18,17 @@ pub struct Target {
 }
 
 impl Target {
+    /// The base as logs and traces show it: scheme, host and port, no credentials, no path
+    /// (`http://10.0.0.7:8000`).
+    pub fn shown(&self) -> String {
+        let scheme = self.base.scheme_str().unwrap_or("http");
+        let host = self.base.host().unwrap_or("");
+        match self.base.port_u16() {
+            Some(port) => format!("{scheme}://{host}:{port}"),
+            None => format!("{scheme}://{host}"),
+        }
+    }
+
     /// The upstream URI of `path_and_query`, under the base's own path if it has one.
     pub fn uri(&self, path_and_query: &PathAndQuery) -> Result<Uri, GatewayError> {
         let bad =

@@ -1,5 +1,6 @@
 //! The access log: one line a request when it ends, at level info under the target
-//! [`TARGET`]: who called, how it ended (status, outcome, error code), its tokens, and where its
+//! [`TARGET`]: who called, which replica answered, how it ended (status, outcome, error code),
+//! its tokens, and where its
 //! time went, waiting for a slot (`queue_ms`) apart from the rest (`ttft_ms`, `duration_ms`,
 //! from arrival). Its `trace_id` finds the request's spans. Off with
 //! `RUST_LOG=info,sluice::access=off`.
@@ -35,6 +36,7 @@ pub fn log(facts: &Facts, ended: &Ended<'_>) {
         tenant = facts.tenant.as_deref(),
         class = %facts.class.as_str(),
         path = %facts.path,
+        upstream = facts.upstream.as_ref().and_then(|u| u.replica.as_deref()),
         status = ended.status,
         outcome = %ended.outcome.as_str(),
         code = %ended.code,
@@ -94,6 +96,7 @@ mod tests {
             r.queue_entered(3);
             advance(Duration::from_millis(1500)).await;
             r.granted();
+            r.answered_by("http://10.0.0.7:8000".into());
             advance(Duration::from_millis(700)).await;
             r.first_byte();
             advance(Duration::from_millis(300)).await;
@@ -112,7 +115,8 @@ mod tests {
         let trace_id = r.facts().trace.span.trace_id_hex();
         let want = format!(
             " INFO sluice::access: request request_id=\"req-1\" trace_id={trace_id} \
-             tenant=\"alice\" class=batch path=/v1/chat/completions status=200 outcome=ok \
+             tenant=\"alice\" class=batch path=/v1/chat/completions \
+             upstream=\"http://10.0.0.7:8000\" status=200 outcome=ok \
              code=none prompt_tokens=812 output_tokens=64 queue_ms=1500 ttft_ms=2200 \
              duration_ms=2500\n"
         );
@@ -143,7 +147,13 @@ mod tests {
             text.contains(" queue_ms=60000 duration_ms=60000\n"),
             "{text}"
         );
-        for absent in ["tenant=", "ttft_ms=", "output_tokens=", "prompt_tokens="] {
+        for absent in [
+            "tenant=",
+            "upstream=",
+            "ttft_ms=",
+            "output_tokens=",
+            "prompt_tokens=",
+        ] {
             assert!(!text.contains(absent), "{text}");
         }
     }

@@ -109,6 +109,7 @@ impl RequestRecord {
             started: now,
             model: None,
             first_byte: None,
+            replica: None,
         });
         f.trace.span.child(span_id)
     }
@@ -120,6 +121,14 @@ impl RequestRecord {
         }
         if let Some(u) = &mut self.lock().upstream {
             u.model = Some(model.into());
+        }
+    }
+
+    /// The replica `shown` (by scheme, host and port: [`crate::forward::Target::shown`])
+    /// answered: its headers came.
+    pub fn answered_by(&self, shown: String) {
+        if let Some(u) = &mut self.lock().upstream {
+            u.replica = Some(shown);
         }
     }
 

@@ -103,6 +103,8 @@ pub struct UpstreamFacts {
     pub started: Instant,
     pub model: Option<Arc<str>>,
     pub first_byte: Option<Instant>,
+    /// The replica that answered, by scheme and host (`http://10.0.0.7:8000`).
+    pub replica: Option<String>,
 }
 
 /// How the request ended, for the spans.
@@ -184,6 +186,9 @@ pub fn emit(facts: &Facts, ended: &Ended<'_>) {
         let mut attributes = vec![];
         if let Some(m) = &u.model {
             attributes.push(("gen_ai.request.model", AttrValue::Str(m.to_string())));
+        }
+        if let Some(r) = &u.replica {
+            attributes.push(("sluice.upstream", r.as_str().into()));
         }
         if let Some(n) = facts.prompt_tokens {
             attributes.push(("gen_ai.usage.input_tokens", n.into()));

@@ -86,6 +86,7 @@ fn access_line(lines: &Mutex<Vec<String>>, id: &str) -> Option<String> {
 #[tokio::test]
 async fn sluice_serve_accounts_each_request_in_an_access_line_and_its_tenants_counters() {
     let mut up = ScriptedUpstream::start().await;
+    let up_url = up.url();
     let mut p = policy(4, 16);
     p.upstream.kind = UpstreamKind::Openai;
     p.upstream.urls = vec![up.url()];
@@ -146,13 +147,17 @@ async fn sluice_serve_accounts_each_request_in_an_access_line_and_its_tenants_co
     let ok = access_line(&lines, "acc-ok").expect("logged");
     for field in [
         " INFO sluice::access: request ",
-        " tenant=\"alice\" class=interactive path=/v1/chat/completions status=200 outcome=ok \
-         code=none prompt_tokens=",
+        " tenant=\"alice\" class=interactive path=/v1/chat/completions upstream=",
+        " status=200 outcome=ok code=none prompt_tokens=",
         " output_tokens=3 queue_ms=0 ttft_ms=",
         " duration_ms=",
     ] {
         assert!(ok.contains(field), "{ok:?} lacks {field:?}");
     }
+    assert!(
+        ok.contains(&format!(" upstream=\"{up_url}\" status=200 ")),
+        "{ok:?}"
+    );
     assert!(
         !ok.contains('\u{1b}'),
         "colour codes off a terminal: {ok:?}"

@@ -306,6 +306,7 @@ async fn a_queued_request_is_traced_as_queue_then_upstream() {
     let mut up = ScriptedUpstream::start().await;
     let mut p = policy(1, 4);
     p.tenants = vec![tenant("alice", "sk-otlp-alice")];
+    let up_url = up.url();
     let gw = Gateway::start(p, up.upstream()).await;
     let c = gw
         .client()
@@ -399,6 +400,10 @@ async fn a_queued_request_is_traced_as_queue_then_upstream() {
     assert_eq!(
         upstream.attr("gen_ai.request.model"),
         Some(Any::StringValue(MODEL.into()))
+    );
+    assert_eq!(
+        upstream.attr("sluice.upstream"),
+        Some(Any::StringValue(up_url.clone()))
     );
     assert_eq!(
         upstream.attr("gen_ai.usage.input_tokens"),
