@@ -1,8 +1,7 @@
 //! The access log: one line a request when it ends, at level info under the target
 //! [`TARGET`]: who called, which replica answered, how it ended (status, outcome, error code),
-//! its tokens, and where its
-//! time went, waiting for a slot (`queue_ms`) apart from the rest (`ttft_ms`, `duration_ms`,
-//! from arrival). Its `trace_id` finds the request's spans. Off with
+//! its tokens, and where its time went: waiting for a slot (`queue_ms`) apart from the rest
+//! (`ttft_ms`, `duration_ms`, from arrival). Its `trace_id` finds the request's spans. Off with
 //! `RUST_LOG=info,sluice::access=off`.
 
 use tokio::time::Instant;
@@ -18,10 +17,11 @@ pub fn log(facts: &Facts, ended: &Ended<'_>) {
     if !tracing::enabled!(target: TARGET, tracing::Level::INFO) {
         return;
     }
+    // A waiter whose client left is still waiting when its end is logged: it waited until then.
     let queue_ms = facts
         .queue
         .as_ref()
-        .and_then(|q| q.left.map(|(left, _)| millis(q.entered, left)));
+        .map(|q| millis(q.entered, q.left.map_or(ended.at, |(left, _)| left)));
     let ttft_ms = facts
         .upstream
         .as_ref()
@@ -156,5 +156,26 @@ mod tests {
         ] {
             assert!(!text.contains(absent), "{text}");
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_left_while_queued_waited_until_it_left() {
+        let r = record("req-3");
+        let text = logged(async {
+            r.queue_entered(2);
+            advance(Duration::from_millis(4200)).await;
+            r.finish(&Ended {
+                at: Instant::now(),
+                outcome: Outcome::Cancelled,
+                code: "none",
+                status: None,
+                output_tokens: None,
+            });
+        })
+        .await;
+        assert!(
+            text.contains(" outcome=cancelled code=none queue_ms=4200 duration_ms=4200\n"),
+            "{text}"
+        );
     }
 }
