@@ -151,8 +151,9 @@ impl Router {
         if tenants {
             app.metrics.tenants.render(&mut text);
         }
-        crate::telemetry::metrics::render_policy(&mut text, &app.policy.current());
-        let probes = app.policy.current().policy.server.probe_listen.is_some();
+        let loaded = app.policy.current();
+        crate::telemetry::metrics::render_policy(&mut text, &loaded);
+        let probes = loaded.policy.server.probe_listen.is_some();
         crate::telemetry::metrics::render_connections(
             &mut text,
             &app.connections,

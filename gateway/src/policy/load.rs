@@ -187,27 +187,33 @@ fn value_at(table: &toml::de::DeTable<'_>, offset: usize, path: &mut Vec<String>
     use toml::de::DeValue;
     table.iter().any(|(name, v)| {
         let dot = if path.is_empty() { "" } else { "." };
-        path.push(format!("{dot}{}", name.get_ref()));
-        let found = match v.get_ref() {
-            DeValue::Table(t) => value_at(t, offset, path),
-            DeValue::Array(items) => items.iter().enumerate().any(|(i, item)| {
-                path.push(format!("[{i}]"));
-                let found = match item.get_ref() {
-                    DeValue::Table(t) => value_at(t, offset, path),
-                    _ => item.span().contains(&offset),
-                };
-                if !found {
-                    path.pop();
-                }
-                found
-            }),
-            _ => v.span().contains(&offset),
-        };
-        if !found {
-            path.pop();
-        }
-        found
+        below(path, format!("{dot}{}", name.get_ref()), |path| {
+            match v.get_ref() {
+                DeValue::Table(t) => value_at(t, offset, path),
+                DeValue::Array(items) => items.iter().enumerate().any(|(i, item)| {
+                    below(path, format!("[{i}]"), |path| match item.get_ref() {
+                        DeValue::Table(t) => value_at(t, offset, path),
+                        _ => item.span().contains(&offset),
+                    })
+                }),
+                _ => v.span().contains(&offset),
+            }
+        })
     })
+}
+
+/// `segment` pushed onto `path` while `found` looks below it, and kept only if it finds.
+fn below(
+    path: &mut Vec<String>,
+    segment: String,
+    found: impl FnOnce(&mut Vec<String>) -> bool,
+) -> bool {
+    path.push(segment);
+    let hit = found(path);
+    if !hit {
+        path.pop();
+    }
+    hit
 }
 
 /// 1-based line and column of byte `offset` in `text`.

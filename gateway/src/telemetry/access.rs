@@ -17,11 +17,10 @@ pub fn log(facts: &Facts, ended: &Ended<'_>) {
     if !tracing::enabled!(target: TARGET, tracing::Level::INFO) {
         return;
     }
-    // A waiter whose client left is still waiting when its end is logged: it waited until then.
     let queue_ms = facts
         .queue
         .as_ref()
-        .map(|q| millis(q.entered, q.left.map_or(ended.at, |(left, _)| left)));
+        .map(|q| millis(q.entered, q.left_by(ended.at).0));
     let ttft_ms = facts
         .upstream
         .as_ref()
@@ -78,6 +77,22 @@ mod tests {
         lines.text()
     }
 
+    /// A request's end now.
+    fn ended(
+        outcome: Outcome,
+        code: &'static str,
+        status: Option<u16>,
+        output_tokens: Option<u64>,
+    ) -> Ended<'static> {
+        Ended {
+            at: Instant::now(),
+            outcome,
+            code,
+            status,
+            output_tokens,
+        }
+    }
+
     fn record(id: &str) -> RequestRecord {
         RequestRecord::new(
             Instant::now(),
@@ -100,13 +115,7 @@ mod tests {
             advance(Duration::from_millis(700)).await;
             r.first_byte();
             advance(Duration::from_millis(300)).await;
-            let ended = Ended {
-                at: Instant::now(),
-                outcome: Outcome::Ok,
-                code: "none",
-                status: Some(200),
-                output_tokens: Some(64),
-            };
+            let ended = ended(Outcome::Ok, "none", Some(200), Some(64));
             r.finish(&ended);
             // Once: a second end (the body's, after the guard's) logs nothing.
             r.finish(&ended);
@@ -130,13 +139,7 @@ mod tests {
             r.queue_entered(16);
             advance(Duration::from_secs(60)).await;
             r.queue_refused(QueueOutcome::Timeout);
-            r.finish(&Ended {
-                at: Instant::now(),
-                outcome: Outcome::Timeout,
-                code: "queue_timeout",
-                status: Some(503),
-                output_tokens: None,
-            });
+            r.finish(&ended(Outcome::Timeout, "queue_timeout", Some(503), None));
         })
         .await;
         assert!(
@@ -164,13 +167,7 @@ mod tests {
         let text = logged(async {
             r.queue_entered(2);
             advance(Duration::from_millis(4200)).await;
-            r.finish(&Ended {
-                at: Instant::now(),
-                outcome: Outcome::Cancelled,
-                code: "none",
-                status: None,
-                output_tokens: None,
-            });
+            r.finish(&ended(Outcome::Cancelled, "none", None, None));
         })
         .await;
         assert!(

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::BodyExt;
 
-use super::record::RequestRecord;
+use super::record::{Facts, RequestRecord};
 use super::spans::Ended;
 use super::usage::UsageScanner;
 use super::Metrics;
@@ -177,15 +177,7 @@ impl Ending {
             return;
         };
         let at = tokio::time::Instant::now();
-        let facts = r.facts();
-        m.request_duration.observe(at - facts.arrived);
-        if let Some(n) = facts.prompt_tokens {
-            m.input_tokens.observe_value(n as f64);
-        }
         let output_tokens = self.usage.completion_tokens();
-        if let Some(n) = output_tokens {
-            m.output_tokens.observe_value(n as f64);
-        }
         let ended = Ended {
             at,
             outcome,
@@ -193,15 +185,24 @@ impl Ending {
             status: Some(self.status.as_u16()),
             output_tokens,
         };
-        count_end(&m, &r, &ended);
+        let Some(facts) = count_end(&m, &r, &ended) else {
+            return;
+        };
+        m.request_duration.observe(at - facts.arrived);
+        if let Some(n) = facts.prompt_tokens {
+            m.input_tokens.observe_value(n as f64);
+        }
+        if let Some(n) = output_tokens {
+            m.output_tokens.observe_value(n as f64);
+        }
     }
 }
 
-/// Counts how a request ended (`sluice_requests_total`, and its tenant's usage when it has
-/// one) and finishes its record (the access line, the spans): once, as each caller takes the
-/// request's end out first.
-fn count_end(m: &Metrics, r: &RequestRecord, ended: &Ended<'_>) {
-    let facts = r.facts();
+/// Finishes the request's record (the access line, the spans) and counts how it ended
+/// (`sluice_requests_total`, and its tenant's usage when it has one): once, from the facts the
+/// record gives back the first time; those facts, then.
+fn count_end(m: &Metrics, r: &RequestRecord, ended: &Ended<'_>) -> Option<Facts> {
+    let facts = r.finish(ended)?;
     m.ended(ended.outcome, ended.code, facts.class);
     if let Some(tenant) = &facts.tenant {
         // Prompt tokens count once sent upstream: what the tenant was served.
@@ -209,7 +210,7 @@ fn count_end(m: &Metrics, r: &RequestRecord, ended: &Ended<'_>) {
         m.tenants
             .ended(tenant, ended.outcome, sent, ended.output_tokens);
     }
-    r.finish(ended);
+    Some(facts)
 }
 
 impl Tap for Ending {

@@ -141,16 +141,18 @@ impl RequestRecord {
         }
     }
 
-    /// The request ended: its access line is logged and its spans go to the sink (once).
-    pub fn finish(&self, ended: &Ended<'_>) {
+    /// The request ended: its access line is logged and its spans go to the sink, once; the
+    /// facts they were built from, the first time.
+    pub fn finish(&self, ended: &Ended<'_>) -> Option<Facts> {
         let facts = {
             let mut f = self.lock();
             if std::mem::replace(&mut f.finished, true) {
-                return;
+                return None;
             }
             f.clone()
         };
         super::access::log(&facts, ended);
         emit(&facts, ended);
+        Some(facts)
     }
 }

@@ -96,6 +96,14 @@ pub struct QueueFacts {
     pub left: Option<(Instant, QueueOutcome)>,
 }
 
+impl QueueFacts {
+    /// When and how the wait ended, for a request that ended at `end`: a waiter that never
+    /// left the queue was still in it when its client went away.
+    pub fn left_by(&self, end: Instant) -> (Instant, QueueOutcome) {
+        self.left.unwrap_or((end, QueueOutcome::Cancelled))
+    }
+}
+
 /// The upstream span's facts.
 #[derive(Clone, Debug)]
 pub struct UpstreamFacts {
@@ -167,7 +175,7 @@ pub fn emit(facts: &Facts, ended: &Ended<'_>) {
         )
     });
     if let Some(q) = facts.queue {
-        let (left, outcome) = q.left.unwrap_or((ended.at, QueueOutcome::Cancelled));
+        let (left, outcome) = q.left_by(ended.at);
         record(span(
             "gateway.queue",
             SpanKind::Internal,

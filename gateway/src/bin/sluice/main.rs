@@ -84,37 +84,35 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Policy(PolicyCommand::Check {
-            file,
-            against: None,
-        }) => match check_file(&file) {
-            Ok(p) => {
-                println!("ok {}", p.sha256);
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                println!("{e}");
-                ExitCode::FAILURE
-            }
-        },
-        Command::Policy(PolicyCommand::Check {
-            file,
-            against: Some(running),
-        }) => match check_reload(&file, &running) {
-            Ok((p, admitted)) => {
-                println!("ok {}", p.sha256);
-                for change in &admitted.access_changes {
-                    println!("access: {change}");
+        Command::Policy(PolicyCommand::Check { file, against }) => {
+            // Against the file in force: what the reload would change, a line each.
+            let checked = match &against {
+                None => check_file(&file).map(|p| (p, Vec::new())),
+                Some(running) => check_reload(&file, running).map(|(p, admitted)| {
+                    let access = admitted
+                        .access_changes
+                        .iter()
+                        .map(|c| format!("access: {c}"));
+                    let restart = admitted
+                        .restart_pending
+                        .iter()
+                        .map(|k| format!("restart: {k} (a reload keeps its running value)"));
+                    (p, access.chain(restart).collect())
+                }),
+            };
+            match checked {
+                Ok((p, changes)) => {
+                    println!("ok {}", p.sha256);
+                    for line in changes {
+                        println!("{line}");
+                    }
+                    ExitCode::SUCCESS
                 }
-                for key in &admitted.restart_pending {
-                    println!("restart: {key} (a reload keeps its running value)");
+                Err(e) => {
+                    println!("{e}");
+                    ExitCode::FAILURE
                 }
-                ExitCode::SUCCESS
             }
-            Err(e) => {
-                println!("{e}");
-                ExitCode::FAILURE
-            }
-        },
+        }
     }
 }
