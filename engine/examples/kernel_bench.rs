@@ -259,7 +259,7 @@ fn prefill_attention_bench(budget: Duration, ns: &[usize]) {
 /// `dot_f32`/`axpy` calls.
 fn attention_bench(budget: Duration) {
     let (seqs, heads, kv_heads, hd, bs) = (8, 9, 3, 64, 16);
-    for ctx in [64usize, 512] {
+    for ctx in [64usize, 512, 4096] {
         let blocks_per_seq = ctx.div_ceil(bs);
         let slots = seqs * blocks_per_seq * bs;
         let stride = kv_heads * hd;

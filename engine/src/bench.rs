@@ -1,6 +1,8 @@
 //! `sluice-engine bench`: prefill and batched-decode throughput, measured like llama-bench
 //! (pp512: one 512-token prompt; tg128: 128 tokens generated from an empty context). Several
-//! prompt lengths give several prefill rows (`--prompt 512,4096,8192`, as `llama-bench -p`).
+//! prompt lengths give several prefill rows (`--prompt 512,4096,8192`, as `llama-bench -p`), and
+//! several context depths several decode rows (`--depth 0,4096,8192`, as `llama-bench -d`: the
+//! tokens are generated after that many tokens of context, whose prefill is not timed).
 
 use std::time::Instant;
 
@@ -9,7 +11,7 @@ use serde::Serialize;
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::generate::{argmax, Rng};
-use crate::kv::{BlockPool, BlockTable, SeqRows};
+use crate::kv::{BlockPool, BlockTable, SeqRows, BLOCK_SIZE};
 use crate::model::{ForwardState, Llama};
 
 /// What to measure.
@@ -19,6 +21,9 @@ pub struct BenchConfig {
     pub prefill_tokens: Vec<usize>,
     pub decode_tokens: usize,
     pub decode_batches: Vec<usize>,
+    /// Context depths: each sequence of a batch decodes after this many tokens of context of its
+    /// own (one decode row per depth and batch; the contexts' prefill is not timed).
+    pub depths: Vec<usize>,
     /// Repetitions of each measurement; the median is reported.
     pub repetitions: usize,
 }
@@ -29,6 +34,7 @@ impl Default for BenchConfig {
             prefill_tokens: vec![512],
             decode_tokens: 128,
             decode_batches: vec![1, 4, 8],
+            depths: vec![0],
             repetitions: 3,
         }
     }
@@ -37,6 +43,8 @@ impl Default for BenchConfig {
 #[derive(Clone, Debug, Serialize)]
 pub struct DecodeResult {
     pub batch: usize,
+    /// Tokens of context each sequence decoded after.
+    pub depth: usize,
     /// Tokens per second over the whole batch.
     pub tok_s: f64,
     /// Tokens per second seen by one sequence.
@@ -110,21 +118,27 @@ pub fn run<B: Backend>(model: &Llama<B>, cfg: &BenchConfig) -> Result<BenchRepor
     } else {
         &cfg.decode_batches[..]
     };
-    for &batch in batches {
-        // One KV cache for every repetition, as a server keeps its pool (and llama-bench its
-        // context): pages are only first touched by the first run.
-        let seqs = DecodeSeqs::new(batch, cfg.decode_tokens)?;
+    let widest = batches.iter().copied().max().unwrap_or(0);
+    for &depth in cfg.depths.iter().filter(|_| widest > 0) {
+        // One KV cache for every batch and repetition at this depth, as a server keeps its pool
+        // (and llama-bench its context): pages are only first touched by the contexts' prefill
+        // and the first run. The widest batch's contexts serve the narrower ones.
+        let seqs = DecodeSeqs::new(widest, cfg.decode_tokens, depth)?;
         let mut state = model.new_state(seqs.pool.n_blocks())?;
-        let mut runs = Vec::new();
-        for _ in 0..reps {
-            runs.push(seqs.run(model, &mut state, &mut rng)?);
+        seqs.prefill_contexts(model, &mut state, &mut rng)?;
+        for &batch in batches {
+            let mut runs = Vec::new();
+            for _ in 0..reps {
+                runs.push(seqs.run(model, &mut state, &mut rng, batch)?);
+            }
+            let tok_s = median(runs);
+            decode.push(DecodeResult {
+                batch,
+                depth,
+                tok_s,
+                per_seq_tok_s: tok_s / batch as f64,
+            });
         }
-        let tok_s = median(runs);
-        decode.push(DecodeResult {
-            batch,
-            tok_s,
-            per_seq_tok_s: tok_s / batch as f64,
-        });
     }
     let first = prefill.first().map_or((0, 0.0), |p| (p.tokens, p.tok_s));
     Ok(BenchReport {
@@ -169,50 +183,78 @@ impl<B: Backend> PrefillPass<B> {
     }
 }
 
-/// `batch` sequences that each decode `steps` tokens, one row per sequence per forward pass.
+/// Up to `widest` sequences that each decode `steps` tokens after `depth` tokens of context of
+/// their own (as a server's sequences each have theirs: a batch streams every sequence's keys and
+/// values), one row per sequence per forward pass.
 struct DecodeSeqs {
     pool: BlockPool,
     tables: Vec<BlockTable>,
     steps: usize,
+    depth: usize,
 }
 
 impl DecodeSeqs {
-    fn new(batch: usize, steps: usize) -> Result<Self> {
-        let per_seq = (steps + 1).div_ceil(crate::kv::BLOCK_SIZE);
-        let mut pool = BlockPool::new(per_seq * batch);
-        let mut tables = Vec::with_capacity(batch);
-        for _ in 0..batch {
+    fn new(widest: usize, steps: usize, depth: usize) -> Result<Self> {
+        let per_seq = (depth + steps + 1).div_ceil(BLOCK_SIZE);
+        let mut pool = BlockPool::new(per_seq * widest);
+        let mut tables = Vec::with_capacity(widest);
+        for _ in 0..widest {
             let mut t = BlockTable::new();
-            t.reserve(&mut pool, steps + 1)?;
+            t.reserve(&mut pool, depth + steps + 1)?;
             tables.push(t);
         }
         Ok(Self {
             pool,
             tables,
             steps,
+            depth,
         })
     }
 
-    /// Decodes from position 0 (overwriting the cache of a previous run); tokens per second.
+    /// Each sequence's context: an untimed prefill of `depth` random tokens.
+    fn prefill_contexts<B: Backend>(
+        &self,
+        model: &Llama<B>,
+        state: &mut ForwardState<B>,
+        rng: &mut Rng,
+    ) -> Result<()> {
+        if self.depth == 0 {
+            return Ok(());
+        }
+        for table in &self.tables {
+            let ids = random_tokens(rng, self.depth, model.config().vocab_size);
+            let seq = SeqRows {
+                start: 0,
+                len: self.depth,
+                pos: 0,
+                blocks: table.blocks(),
+            };
+            model.forward(state, &ids, &[seq], &[self.depth - 1])?;
+        }
+        Ok(())
+    }
+
+    /// The first `batch` sequences decode from position `depth` (overwriting the cache of a
+    /// previous run past their contexts); tokens per second.
     fn run<B: Backend>(
         &self,
         model: &Llama<B>,
         state: &mut ForwardState<B>,
         rng: &mut Rng,
+        batch: usize,
     ) -> Result<f64> {
-        let (vocab, batch) = (model.config().vocab_size, self.tables.len());
+        let vocab = model.config().vocab_size;
         let mut ids = random_tokens(rng, batch, vocab);
         let emit: Vec<usize> = (0..batch).collect();
         let t = Instant::now();
-        for pos in 0..self.steps {
-            let seqs: Vec<SeqRows<'_>> = self
-                .tables
+        for step in 0..self.steps {
+            let seqs: Vec<SeqRows<'_>> = self.tables[..batch]
                 .iter()
                 .enumerate()
                 .map(|(i, t)| SeqRows {
                     start: i,
                     len: 1,
-                    pos,
+                    pos: self.depth + step,
                     blocks: t.blocks(),
                 })
                 .collect();
@@ -222,5 +264,46 @@ impl DecodeSeqs {
             }
         }
         Ok((batch * self.steps) as f64 / t.elapsed().as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::model::tiny::{tiny_gguf, TINY};
+    use crate::model::ModelPart;
+
+    /// One decode row per depth and batch, in that order, each tagged with its depth; none when
+    /// no token is decoded.
+    #[test]
+    fn decode_rows_per_depth_and_batch() {
+        let model = Llama::load(
+            Arc::new(tiny_gguf(3)),
+            Arc::new(CpuBackend::new(1)),
+            ModelPart::full(TINY.layers),
+        )
+        .unwrap();
+        let cfg = BenchConfig {
+            prefill_tokens: vec![8],
+            decode_tokens: 3,
+            decode_batches: vec![1, 2],
+            depths: vec![0, 40],
+            repetitions: 1,
+        };
+        let report = run(&model, &cfg).unwrap();
+        let rows: Vec<(usize, usize)> = report.decode.iter().map(|d| (d.depth, d.batch)).collect();
+        assert_eq!(rows, [(0, 1), (0, 2), (40, 1), (40, 2)]);
+        assert!(report
+            .decode
+            .iter()
+            .all(|d| d.tok_s.is_finite() && d.tok_s > 0.0));
+        let none = BenchConfig {
+            decode_tokens: 0,
+            ..cfg
+        };
+        assert!(run(&model, &none).unwrap().decode.is_empty());
     }
 }

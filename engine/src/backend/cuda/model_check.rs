@@ -297,6 +297,7 @@ pub fn run(dir: &Path) -> Result<(Value, bool)> {
             prefill_tokens: prefill,
             decode_tokens: 128,
             decode_batches: batches,
+            depths: vec![0],
             repetitions: 3,
         };
         let report = bench::run(&model, &bc)?;

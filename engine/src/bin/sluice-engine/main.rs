@@ -67,6 +67,10 @@ enum Command {
         decode_tokens: usize,
         #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
         batches: Vec<usize>,
+        /// Context depths, one decode row per depth and batch (as llama-bench's `-d`): tokens of
+        /// context each sequence has of its own (prefilled untimed) before the timed decode.
+        #[arg(long, value_delimiter = ',', default_value = "0")]
+        depth: Vec<usize>,
         #[arg(long, default_value_t = 3)]
         repetitions: usize,
         #[arg(long)]
@@ -233,6 +237,7 @@ fn run(cli: Cli) -> Result<()> {
             prefill_tokens,
             decode_tokens,
             batches,
+            depth,
             repetitions,
             json,
         } => {
@@ -240,6 +245,7 @@ fn run(cli: Cli) -> Result<()> {
                 prefill_tokens,
                 decode_tokens,
                 decode_batches: batches,
+                depths: depth,
                 repetitions,
             };
             model.run(ModelCmd::Bench { cfg, json })?
@@ -288,8 +294,13 @@ fn bench_cmd<B: Backend>(
         );
     }
     for d in &report.decode {
+        // At depth 0 the row reads as it always has (the comparison scripts parse it).
+        let at = match d.depth {
+            0 => String::new(),
+            n => format!(" @ d{n}"),
+        };
         println!(
-            "decode tg{} batch {}: {:.1} tok/s ({:.1} per sequence)",
+            "decode tg{}{at} batch {}: {:.1} tok/s ({:.1} per sequence)",
             cfg.decode_tokens, d.batch, d.tok_s, d.per_seq_tok_s
         );
     }
