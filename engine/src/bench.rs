@@ -86,7 +86,6 @@ fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
 }
 
 pub fn run<B: Backend>(model: &Llama<B>, cfg: &BenchConfig) -> Result<BenchReport> {
-    let vocab = model.config().vocab_size;
     let mut rng = Rng::new(0x5eed);
     let reps = cfg.repetitions.max(1);
 
@@ -98,10 +97,10 @@ pub fn run<B: Backend>(model: &Llama<B>, cfg: &BenchConfig) -> Result<BenchRepor
         // first touch of a fresh cache's pages (kernel page zeroing: 5% of a 4,096-token
         // prefill) is timed.
         let mut pass = PrefillPass::new(model, n)?;
-        pass.run(model, &mut rng, vocab)?;
+        pass.run(model, &mut rng)?;
         let mut secs = Vec::new();
         for _ in 0..reps {
-            secs.push(pass.run(model, &mut rng, vocab)?);
+            secs.push(pass.run(model, &mut rng)?);
         }
         let seconds = median(secs);
         prefill.push(PrefillResult {
@@ -160,7 +159,7 @@ struct PrefillPass<B: Backend> {
 
 impl<B: Backend> PrefillPass<B> {
     fn new(model: &Llama<B>, n: usize) -> Result<Self> {
-        let mut pool = BlockPool::new(n.div_ceil(crate::kv::BLOCK_SIZE));
+        let mut pool = BlockPool::new(n.div_ceil(BLOCK_SIZE));
         let mut table = BlockTable::new();
         table.reserve(&mut pool, n)?;
         let state = model.new_state(pool.n_blocks())?;
@@ -168,19 +167,31 @@ impl<B: Backend> PrefillPass<B> {
     }
 
     /// Seconds for a pass over `n` fresh random tokens from position 0 (overwriting the cache of
-    /// a previous pass; logits of the last token only).
-    fn run(&mut self, model: &Llama<B>, rng: &mut Rng, vocab: usize) -> Result<f64> {
-        let ids = random_tokens(rng, self.n, vocab);
-        let seq = SeqRows {
-            start: 0,
-            len: self.n,
-            pos: 0,
-            blocks: self.table.blocks(),
-        };
-        let t = Instant::now();
-        model.forward(&mut self.state, &ids, &[seq], &[self.n - 1])?;
-        Ok(t.elapsed().as_secs_f64())
+    /// a previous pass).
+    fn run(&mut self, model: &Llama<B>, rng: &mut Rng) -> Result<f64> {
+        prompt_pass(model, &mut self.state, rng, self.table.blocks(), self.n)
     }
+}
+
+/// One prompt of `n` fresh random tokens from position 0 into the cache `blocks` (logits of the
+/// last token only); seconds for its forward pass (the tokens are drawn before the clock starts).
+fn prompt_pass<B: Backend>(
+    model: &Llama<B>,
+    state: &mut ForwardState<B>,
+    rng: &mut Rng,
+    blocks: &[u32],
+    n: usize,
+) -> Result<f64> {
+    let ids = random_tokens(rng, n, model.config().vocab_size);
+    let seq = SeqRows {
+        start: 0,
+        len: n,
+        pos: 0,
+        blocks,
+    };
+    let t = Instant::now();
+    model.forward(state, &ids, &[seq], &[n - 1])?;
+    Ok(t.elapsed().as_secs_f64())
 }
 
 /// Up to `widest` sequences that each decode `steps` tokens after `depth` tokens of context of
@@ -222,14 +233,7 @@ impl DecodeSeqs {
             return Ok(());
         }
         for table in &self.tables {
-            let ids = random_tokens(rng, self.depth, model.config().vocab_size);
-            let seq = SeqRows {
-                start: 0,
-                len: self.depth,
-                pos: 0,
-                blocks: table.blocks(),
-            };
-            model.forward(state, &ids, &[seq], &[self.depth - 1])?;
+            prompt_pass(model, state, rng, table.blocks(), self.depth)?;
         }
         Ok(())
     }
