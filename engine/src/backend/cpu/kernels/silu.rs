@@ -85,17 +85,30 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn silu_mul_avx2(g: *const f32, u: *const f32, out: *mut f32, len: usize) {
         let one = _mm256_set1_ps(1.0);
-        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        for i in (0..len).step_by(8) {
-            // The last vector masked to the elements left (lanes below the count).
-            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((len - i).min(8) as i32), lane);
-            // SAFETY: as in `silu_mul`.
+        let silu = |gv: __m256, uv: __m256| {
+            let e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv)
+        };
+        // Whole vectors with plain loads and stores: AMD runs a masked store (`vmaskmovps`) as
+        // microcode, and with it on every vector this pass took 3.4% of a batch-8 decode step
+        // on Zen 3.
+        let whole = len - len % 8;
+        for i in (0..whole).step_by(8) {
+            // SAFETY: as in `silu_mul`; `i + 8 <= len`.
             unsafe {
-                let gv = _mm256_maskload_ps(g.add(i), mask);
-                let uv = _mm256_maskload_ps(u.add(i), mask);
-                let e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-                let s = _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv);
-                _mm256_maskstore_ps(out.add(i), mask, s);
+                let s = silu(_mm256_loadu_ps(g.add(i)), _mm256_loadu_ps(u.add(i)));
+                _mm256_storeu_ps(out.add(i), s);
+            }
+        }
+        if whole < len {
+            // The last elements, masked to the lanes below their count.
+            let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((len - whole) as i32), lane);
+            // SAFETY: as in `silu_mul`; the mask keeps to the `len - whole` elements left.
+            unsafe {
+                let gv = _mm256_maskload_ps(g.add(whole), mask);
+                let uv = _mm256_maskload_ps(u.add(whole), mask);
+                _mm256_maskstore_ps(out.add(whole), mask, silu(gv, uv));
             }
         }
     }
