@@ -4,8 +4,10 @@
 //! A lane-ordered block line is 64 bytes: four bytes of each of 16 rows. Here each line is two
 //! ymm halves of 8 rows, computed one after the other. Without VNNI the byte dot products are
 //! `vpmaddubsw` (unsigned weight bytes × signed activation bytes, pairs summed into i16), which
-//! saturates unless one side stays small, as llama.cpp arranges: the weights go in as nibbles
-//! ([`MaddUbs`]). Where the CPU has AVX-VNNI (`avxvnni`, or AVX-512 VNNI with VL), `vpdpbusd` on
+//! saturates unless one side stays small: Q4_1's weights are nibbles already ([`MaddUbs`]), and
+//! Q8_0's go in signed, as their magnitudes against activations carrying their signs (llama.cpp's
+//! arrangement), with the exact offset that makes the result the unsigned bytes' dot product
+//! (the activations' block sums, [`super::quant::QActs::sums`]). Where the CPU has AVX-VNNI (`avxvnni`, or AVX-512 VNNI with VL), `vpdpbusd` on
 //! ymm does each line in one instruction. From the integer dot product on, every step is the
 //! AVX-512 tile's, so the outputs are bit for bit its outputs.
 
@@ -34,7 +36,7 @@ vnni_dot!(
 /// One group of 16 weight rows times `C` activation rows, as [`super::lanes::TileFn`] says.
 /// Prefetches the group after it, which is the next tile's.
 ///
-/// The tokens go through each block in groups of up to [`group_size`] ([`block_group`]), both
+/// The tokens go through each block in groups of up to [`GROUP`] ([`block_group`]), both
 /// halves at once: each activation line is broadcast once for the two halves, and a group's
 /// integer sums stay in the 16 ymm registers (all 8 tokens at once spilled them, and the
 /// compiler kept every broadcast of the block on the stack).
@@ -49,7 +51,8 @@ pub(super) unsafe fn tile<D: Dot<__m256i>, const Q8: bool, const C: usize>(
 ) {
     debug_assert_eq!(t.c, C);
     let blocks = t.blocks(w);
-    let (n, xq, xds, out, res, stride) = (t.n, t.xq, t.xds, t.out, t.res, t.stride);
+    let (n, xq, xds, xsum) = (t.n, t.xq, t.xds, t.xsum);
+    let (out, res, stride) = (t.out, t.res, t.stride);
     let nb = blocks.nb;
     // SAFETY (whole body): AVX2, FMA, F16C and `D`'s features are the caller's promise; every
     // pointer read is inside the group or the activations, as noted at each access.
@@ -59,7 +62,6 @@ pub(super) unsafe fn tile<D: Dot<__m256i>, const Q8: bool, const C: usize>(
             acc: [[_mm256_setzero_ps(); C]; 2],
             macc: [[_mm256_setzero_ps(); C]; 2],
         };
-        let g = group_size::<D, Q8>();
         for b in 0..nb {
             let (sp, vp) = blocks.block(b);
             let blk = Block {
@@ -67,18 +69,19 @@ pub(super) unsafe fn tile<D: Dot<__m256i>, const Q8: bool, const C: usize>(
                 vp,
                 xq,
                 xds,
+                xsum,
                 nb,
                 b,
             };
             let mut c0 = 0;
             while c0 < C {
-                match (C - c0).min(g) {
+                match (C - c0).min(GROUP) {
                     4 => block_group::<D, Q8, C, 4>(&blk, c0, &mut sums),
                     3 => block_group::<D, Q8, C, 3>(&blk, c0, &mut sums),
                     2 => block_group::<D, Q8, C, 2>(&blk, c0, &mut sums),
                     _ => block_group::<D, Q8, C, 1>(&blk, c0, &mut sums),
                 }
-                c0 += g;
+                c0 += GROUP;
             }
         }
         for c in 0..C {
@@ -112,19 +115,14 @@ struct Block {
     vp: *const u8,
     xq: *const i8,
     xds: *const f32,
+    xsum: *const i32,
     nb: usize,
     b: usize,
 }
 
-/// Tokens per group: as many as keep a group's integer sums (two halves, and for Q8_0 nibbles
-/// two more) and the block's unpacked lines in registers.
-const fn group_size<D: Dot<__m256i>, const Q8: bool>() -> usize {
-    if Q8 && !D::WHOLE_BYTES {
-        2
-    } else {
-        4
-    }
-}
+/// Tokens per group: as many as keep a group's integer sums (two halves) and the block's
+/// unpacked lines in registers.
+const GROUP: usize = 4;
 
 /// Block `blk.b` for tokens `c0..c0 + G` of the tile: their integer dot products with both
 /// halves, then the conversion, scale and FMAs into `sums`, in the AVX-512 tile's order.
@@ -144,6 +142,7 @@ unsafe fn block_group<D: Dot<__m256i>, const Q8: bool, const C: usize, const G: 
         vp,
         xq,
         xds,
+        xsum,
         nb,
         b,
     } = *blk;
@@ -159,28 +158,41 @@ unsafe fn block_group<D: Dot<__m256i>, const Q8: bool, const C: usize, const G: 
         };
         // Integer dot products per half and token: low nibbles (or whole bytes) and high ones.
         let mut lo = [[zero; G]; 2];
-        let mut hi = [[zero; G]; 2];
-        if Q8 {
+        if Q8 && D::WHOLE_BYTES {
             for v in 0..8 {
                 // SAFETY: the halves of line `v` of the block's 512 value bytes.
                 let t = [0, 1].map(|h| _mm256_loadu_si256(vp.add(64 * v + 32 * h) as *const _));
-                if D::WHOLE_BYTES {
-                    for c in 0..G {
-                        let x = x4(c, v);
-                        for h in 0..2 {
-                            lo[h][c] = D::dot(lo[h][c], t[h], x);
-                        }
+                for c in 0..G {
+                    let x = x4(c, v);
+                    for h in 0..2 {
+                        lo[h][c] = D::dot(lo[h][c], t[h], x);
                     }
-                } else {
-                    let l = t.map(|t| _mm256_and_si256(t, nibble));
-                    let u = t.map(|t| _mm256_and_si256(_mm256_srli_epi16::<4>(t), nibble));
+                }
+            }
+        } else if Q8 {
+            // Without VNNI, the unsigned bytes `u = q + 128` would overflow `vpmaddubsw`'s i16
+            // pairs against full activation bytes. The signed weight `q` goes in as `|q|` against
+            // the activations with `q`'s sign (a pair is at most 2 · 128 · 127 = 32,512), widened
+            // to i32 each line; `128 · sum(x)` then makes it `vpdpbusd`'s exact `u · x`. Half the
+            // byte products of splitting `u` into nibbles.
+            let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
+            for v in 0..8 {
+                for h in 0..2 {
+                    // SAFETY: half `h` of line `v` of the block's 512 value bytes.
+                    let u = _mm256_loadu_si256(vp.add(64 * v + 32 * h) as *const _);
+                    let q = _mm256_xor_si256(u, flip);
+                    let a = _mm256_abs_epi8(q);
                     for c in 0..G {
-                        let x = x4(c, v);
-                        for h in 0..2 {
-                            lo[h][c] = D::dot(lo[h][c], l[h], x);
-                            hi[h][c] = D::dot(hi[h][c], u[h], x);
-                        }
+                        let p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(x4(c, v), q));
+                        lo[h][c] = _mm256_add_epi32(lo[h][c], _mm256_madd_epi16(p, ones));
                     }
+                }
+            }
+            for c in 0..G {
+                // SAFETY: the sum of block `b` of activation row `c0 + c`.
+                let off = _mm256_set1_epi32(128 * *xsum.add((c0 + c) * nb + b));
+                for h in 0..2 {
+                    lo[h][c] = _mm256_add_epi32(lo[h][c], off);
                 }
             }
         } else {
@@ -208,10 +220,12 @@ unsafe fn block_group<D: Dot<__m256i>, const Q8: bool, const C: usize, const G: 
                 _mm256_cvtph_ps(_mm_loadu_si128(sp.add(32 + 16 * h) as *const _))
             };
             for c in 0..G {
-                let mut dot = D::widen(lo[h][c], 1);
-                if Q8 && !D::WHOLE_BYTES {
-                    dot = _mm256_add_epi32(D::widen(hi[h][c], 16), dot);
-                }
+                // The signed Q8_0 path's sums are i32 already.
+                let dot = if Q8 && !D::WHOLE_BYTES {
+                    lo[h][c]
+                } else {
+                    D::widen(lo[h][c], 1)
+                };
                 // SAFETY: the pair of block `b` of activation row `c0 + c`.
                 let (dx, sx) = {
                     let p = xds.add((c0 + c) * 2 * nb + 2 * b);

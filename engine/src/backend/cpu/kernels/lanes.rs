@@ -121,6 +121,8 @@ pub(super) struct Tile {
     pub xq: *const i8,
     /// The tokens' `(d, s)` pairs, `2 * nb` apart.
     pub xds: *const f32,
+    /// The tokens' block sums of quantized values, `nb` apart.
+    pub xsum: *const i32,
     /// Where output `ci * stride + r` goes.
     pub out: *mut f32,
     /// The residual's place for the tile's outputs, or null.
@@ -316,6 +318,7 @@ pub(crate) fn block(
     assert!(rows.end <= w.rows() && rows.start.is_multiple_of(ROWS));
     assert!(toks.end <= acts.m && nb == w.nb());
     assert!(acts.qs.len() >= acts.m * cols && acts.ds.len() >= acts.m * 2 * nb);
+    assert!(acts.sums.len() >= acts.m * nb);
     let bytes = w.bytes();
     // Token tiles of nearly equal size, at most `MAX_C`.
     let parts = toks.len().div_ceil(MAX_C);
@@ -323,6 +326,7 @@ pub(crate) fn block(
     for k in 0..parts {
         let c = (toks.end - i) / (parts - k);
         let (xq, xds) = (acts.qs[i * cols..].as_ptr(), acts.ds[i * 2 * nb..].as_ptr());
+        let xsum = acts.sums[i * nb..].as_ptr();
         let tile = tiles(q8, c);
         for r in rows.clone().step_by(ROWS) {
             let at = i * w.rows() + r;
@@ -332,6 +336,7 @@ pub(crate) fn block(
                 n: ROWS.min(rows.end - r),
                 xq,
                 xds,
+                xsum,
                 out: out.0.wrapping_add(at),
                 res: residual.map_or(std::ptr::null_mut(), |p| p.0.wrapping_add(at)),
                 stride: w.rows(),
@@ -346,6 +351,7 @@ pub(crate) fn block(
 
 #[cfg(test)]
 mod tests {
+    use super::super::scalar::{f16_at, QK};
     use super::super::tests::{random_acts, random_matrix, Rng};
     use super::super::{quant, simd_level, QMatrix};
     use super::*;
@@ -375,13 +381,87 @@ mod tests {
     fn run(kernel: LaneKernel, w: &LaneMatrix, x: &[f32], m: usize, cols: usize) -> Vec<f32> {
         let mut acts = QActs::default();
         acts.reset(m, cols);
-        quant::quantize_rows(SimdLevel::Avx2, x, &mut acts.qs, &mut acts.ds, cols);
+        let (qs, ds, sums) = (&mut acts.qs, &mut acts.ds, &mut acts.sums);
+        quant::quantize_rows(SimdLevel::Avx2, x, qs, ds, sums, cols);
         let mut out = vec![f32::NAN; m * w.rows()];
         let mut res: Vec<f32> = (0..m * w.rows()).map(|i| i as f32 * 0.25).collect();
         let (o, r) = (OutPtr(out.as_mut_ptr()), OutPtr(res.as_mut_ptr()));
         block(kernel, w, &acts, 0..w.rows(), 0..m, o, Some(r));
         out.extend(res);
         out
+    }
+
+    /// The lane formula, one (row, token) at a time: per block, the exact integer dot product of
+    /// the stored bytes (Q8_0 as `q + 128`) with the token's, then `acc += dot · (d · dx)` and,
+    /// apart, `macc += m · s` (Q8_0: `m = -128 · d`), each one rounding; `acc + macc` at the end.
+    fn lane_formula(w: &QMatrix, acts: &QActs, r: usize, t: usize) -> f32 {
+        let (row, q8) = (w.row(r), w.dtype == GgmlType::Q8_0);
+        let bb = w.dtype.type_size();
+        let (mut acc, mut macc) = (0f32, 0f32);
+        for b in 0..acts.nb {
+            let blk = &row[b * bb..][..bb];
+            let x = &acts.qs[t * acts.cols + b * QK..][..QK];
+            let dot: i32 = (0..QK)
+                .map(|k| {
+                    let u = if q8 {
+                        blk[2 + k] as i8 as i32 + 128
+                    } else {
+                        (blk[4 + k % 16] >> (4 * (k / 16)) & 15) as i32
+                    };
+                    u * x[k] as i32
+                })
+                .sum();
+            let d = f16_at(blk, 0);
+            let m = if q8 { d * -128.0 } else { f16_at(blk, 2) };
+            let (dx, sx) = (
+                acts.ds[2 * (t * acts.nb + b)],
+                acts.ds[2 * (t * acts.nb + b) + 1],
+            );
+            acc = (dot as f32).mul_add(d * dx, acc);
+            macc = m.mul_add(sx, macc);
+        }
+        acc + macc
+    }
+
+    /// Every kernel this CPU has computes exactly the lane formula, bit for bit: Q8_0 blocks of
+    /// extreme bytes (-128 and 127) against activations of ±127 included, where the byte
+    /// products come nearest to overflowing.
+    #[test]
+    fn kernels_compute_the_lane_formula_exactly() {
+        if simd_level() == SimdLevel::Scalar {
+            return;
+        }
+        let mut rng = Rng(5);
+        for dtype in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            for (rows, cols, m) in [(37, 32 * 7, 9), (16, 32 * 18, 8), (3, 64, 1)] {
+                let mut data = random_matrix(&mut rng, dtype, rows, cols);
+                if dtype == GgmlType::Q8_0 {
+                    // Row 0's first block all -128, row 1's all 127.
+                    data[2..34].fill(0x80);
+                    let bb = dtype.type_size() * cols / QK;
+                    data[bb + 2..bb + 34].fill(0x7F);
+                }
+                let w = QMatrix::new(dtype, rows, cols, &data).expect("valid");
+                let lanes = LaneMatrix::new(&w).expect("mapped").expect("quantized");
+                let mut x = random_acts(&mut rng, m * cols);
+                x[..64].iter_mut().for_each(|v| *v = v.signum());
+                let mut acts = QActs::default();
+                acts.reset(m, cols);
+                let (qs, ds, sums) = (&mut acts.qs, &mut acts.ds, &mut acts.sums);
+                quant::quantize_rows(SimdLevel::Avx2, &x, qs, ds, sums, cols);
+                for kernel in LaneKernel::ALL.into_iter().filter(|k| k.supported()) {
+                    let got = run(kernel, &lanes, &x, m, cols);
+                    for (t, r) in (0..m).flat_map(|t| (0..rows).map(move |r| (t, r))) {
+                        let want = lane_formula(&w, &acts, r, t);
+                        assert_eq!(
+                            got[t * rows + r].to_bits(),
+                            want.to_bits(),
+                            "{dtype} {rows}x{cols} m={m} {kernel:?} row {r} token {t}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// Every kernel this CPU has gives the same bits (outputs and residuals); Q8_0 blocks of

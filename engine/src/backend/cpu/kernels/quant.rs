@@ -3,7 +3,8 @@
 //! Per block of 32 values: `d = amax / 127`, `q = round(x / d)` (ties to even, which is what the
 //! SIMD conversions do, so every level produces identical bytes), and `s = d * sum(q)`. The
 //! values are stored contiguously per row (`qs`), the scales interleaved per block (`ds`:
-//! `d0, s0, d1, s1, ...`), which is the layout the dot kernels load.
+//! `d0, s0, d1, s1, ...`), which is the layout the dot kernels load, and each block's `sum(q)`
+//! apart (`sums`: the AVX2 lane kernel's exact offset for Q8_0 weights).
 
 use std::cell::RefCell;
 use std::sync::Mutex;
@@ -48,12 +49,14 @@ pub(crate) fn quantize_parallel(
         .zip(pro)
         .zip(acts.qs.chunks_mut(k * cols))
         .zip(acts.ds.chunks_mut(k * 2 * nb))
-        .map(|(((x, prologue), qs), ds)| {
+        .zip(acts.sums.chunks_mut(k * nb))
+        .map(|((((x, prologue), qs), ds), sums)| {
             Mutex::new(QuantPart {
                 x,
                 prologue,
                 qs,
                 ds,
+                sums,
             })
         })
         .collect();
@@ -64,7 +67,7 @@ pub(crate) fn quantize_parallel(
             Some(pro) => pro.apply(p.x, p.x.len() / cols, cols),
             None => p.x,
         };
-        quantize_rows(level, x, p.qs, p.ds, cols);
+        quantize_rows(level, x, p.qs, p.ds, p.sums, cols);
     };
     if parts.len() == 1 {
         work(0);
@@ -80,6 +83,7 @@ struct QuantPart<'a, 'p> {
     prologue: Option<Prologue<'p>>,
     qs: &'a mut [i8],
     ds: &'a mut [f32],
+    sums: &'a mut [i32],
 }
 
 /// Quantized activations: `m` rows of `cols` values.
@@ -93,6 +97,8 @@ pub(crate) struct QActs {
     pub qs: Vec<i8>,
     /// `m * nb` pairs `(d, s)`.
     pub ds: Vec<f32>,
+    /// `m * nb` sums of a block's quantized values (`s / d`, exactly).
+    pub sums: Vec<i32>,
 }
 
 impl QActs {
@@ -107,6 +113,7 @@ impl QActs {
         self.nb = cols / 32;
         self.qs.resize(m * cols, 0);
         self.ds.resize(m * self.nb * 2, 0.0);
+        self.sums.resize(m * self.nb, 0);
     }
 }
 
@@ -124,29 +131,30 @@ pub(crate) fn put_scratch(a: QActs) {
     SCRATCH.with(|s| *s.borrow_mut() = a);
 }
 
-/// Quantizes whole rows of `cols` values: `x.len() / cols` rows into `qs` and `ds`.
+/// Quantizes whole rows of `cols` values: `x.len() / cols` rows into `qs`, `ds` and `sums`.
 pub(crate) fn quantize_rows(
     level: SimdLevel,
     x: &[f32],
     qs: &mut [i8],
     ds: &mut [f32],
+    sums: &mut [i32],
     cols: usize,
 ) {
     let nb = x.len() / 32;
     assert!(x.len().is_multiple_of(cols) && cols.is_multiple_of(32));
-    assert!(qs.len() >= x.len() && ds.len() >= 2 * nb);
+    assert!(qs.len() >= x.len() && ds.len() >= 2 * nb && sums.len() >= nb);
     match level {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => {
             // SAFETY: callers pass a level no higher than the CPU runs; lengths checked above.
-            unsafe { quantize_avx512(x, qs, ds) }
+            unsafe { quantize_avx512(x, qs, ds, sums) }
         }
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2 | SimdLevel::Avx2Vnni => {
             // SAFETY: callers pass a level no higher than the CPU runs; lengths checked above.
-            unsafe { quantize_avx2(x, qs, ds) }
+            unsafe { quantize_avx2(x, qs, ds, sums) }
         }
-        _ => quantize_scalar(x, qs, ds),
+        _ => quantize_scalar(x, qs, ds, sums),
     }
 }
 
@@ -158,7 +166,7 @@ fn scales(amax: f32) -> (f32, f32) {
     (d, id)
 }
 
-pub(crate) fn quantize_scalar(x: &[f32], qs: &mut [i8], ds: &mut [f32]) {
+pub(crate) fn quantize_scalar(x: &[f32], qs: &mut [i8], ds: &mut [f32], sums: &mut [i32]) {
     for (b, (xb, qb)) in x.chunks_exact(32).zip(qs.chunks_exact_mut(32)).enumerate() {
         let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
         let (d, id) = scales(amax);
@@ -170,15 +178,16 @@ pub(crate) fn quantize_scalar(x: &[f32], qs: &mut [i8], ds: &mut [f32]) {
         }
         ds[2 * b] = d;
         ds[2 * b + 1] = d * sum as f32;
+        sums[b] = sum;
     }
 }
 
 /// # Safety
 /// The CPU must support AVX-512 F/BW; `qs.len() >= x.len()`, `ds.len() >= x.len() / 16`,
-/// `x.len()` a multiple of 32.
+/// `sums.len() >= x.len() / 32`, `x.len()` a multiple of 32.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn quantize_avx512(x: &[f32], qs: &mut [i8], ds: &mut [f32]) {
+unsafe fn quantize_avx512(x: &[f32], qs: &mut [i8], ds: &mut [f32], sums: &mut [i32]) {
     use std::arch::x86_64::*;
     let nb = x.len() / 32;
     let (xp, qp) = (x.as_ptr(), qs.as_mut_ptr());
@@ -208,16 +217,17 @@ unsafe fn quantize_avx512(x: &[f32], qs: &mut [i8], ds: &mut [f32]) {
             );
             ds[2 * b] = d;
             ds[2 * b + 1] = d * sum as f32;
+            sums[b] = sum;
         }
     }
 }
 
 /// # Safety
-/// The CPU must support AVX2; `qs.len() >= x.len()`, `ds.len() >= x.len() / 16`, `x.len()` a
-/// multiple of 32.
+/// The CPU must support AVX2; `qs.len() >= x.len()`, `ds.len() >= x.len() / 16`,
+/// `sums.len() >= x.len() / 32`, `x.len()` a multiple of 32.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_avx2(x: &[f32], qs: &mut [i8], ds: &mut [f32]) {
+unsafe fn quantize_avx2(x: &[f32], qs: &mut [i8], ds: &mut [f32], sums: &mut [i32]) {
     use std::arch::x86_64::*;
     let nb = x.len() / 32;
     let (xp, qp) = (x.as_ptr(), qs.as_mut_ptr());
@@ -254,6 +264,7 @@ unsafe fn quantize_avx2(x: &[f32], qs: &mut [i8], ds: &mut [f32]) {
             _mm256_storeu_si256(qp.add(32 * b) as *mut __m256i, p);
             ds[2 * b] = d;
             ds[2 * b + 1] = d * sum as f32;
+            sums[b] = sum;
         }
     }
 }

@@ -171,15 +171,16 @@ fn quantization_is_identical_across_levels() {
     }
     x[96..128].iter_mut().for_each(|v| *v *= 1e4);
     let nb = x.len() / 32;
-    let (mut q0, mut d0) = (vec![0i8; x.len()], vec![0f32; 2 * nb]);
-    quant::quantize_scalar(&x, &mut q0, &mut d0);
+    let (mut q0, mut d0, mut s0) = (vec![0i8; x.len()], vec![0f32; 2 * nb], vec![0i32; nb]);
+    quant::quantize_scalar(&x, &mut q0, &mut d0, &mut s0);
     assert!(q0[32..64].iter().all(|&q| q == 0) && d0[2] == 0.0);
     assert!(q0.iter().any(|&q| q == 127 || q == -127));
     for level in levels() {
-        let (mut q, mut d) = (vec![0i8; x.len()], vec![0f32; 2 * nb]);
-        quant::quantize_rows(level, &x, &mut q, &mut d, cols);
+        let (mut q, mut d, mut s) = (vec![0i8; x.len()], vec![0f32; 2 * nb], vec![0i32; nb]);
+        quant::quantize_rows(level, &x, &mut q, &mut d, &mut s, cols);
         assert_eq!(q, q0, "{level:?} values");
         assert_eq!(d, d0, "{level:?} scales");
+        assert_eq!(s, s0, "{level:?} sums");
     }
     // The quantized values reconstruct the input to within half a step.
     for b in 0..nb {
@@ -192,6 +193,7 @@ fn quantization_is_identical_across_levels() {
             );
         }
         let s: i32 = q0[32 * b..32 * (b + 1)].iter().map(|&q| q as i32).sum();
+        assert_eq!(s0[b], s);
         assert_eq!(d0[2 * b + 1], d0[2 * b] * s as f32);
     }
 }
