@@ -7,8 +7,8 @@
 //! saturates unless one side stays small: Q4_1's weights are nibbles already ([`MaddUbs`]), and
 //! Q8_0's go in signed, as their magnitudes against activations carrying their signs (llama.cpp's
 //! arrangement), with the exact offset that makes the result the unsigned bytes' dot product
-//! (the activations' block sums, [`super::quant::QActs::sums`]). Where the CPU has AVX-VNNI (`avxvnni`, or AVX-512 VNNI with VL), `vpdpbusd` on
-//! ymm does each line in one instruction. From the integer dot product on, every step is the
+//! (the activations' block sums, [`super::quant::QActs::sums`]). Where the CPU has AVX-VNNI
+//! (`avxvnni`, or AVX-512 VNNI with VL), `vpdpbusd` on ymm does each line in one instruction. From the integer dot product on, every step is the
 //! AVX-512 tile's, so the outputs are bit for bit its outputs.
 
 use std::arch::x86_64::*;
@@ -156,7 +156,7 @@ unsafe fn block_group<D: Dot<__m256i>, const Q8: bool, const C: usize, const G: 
             // SAFETY: values `4v..4v + 4` of block `b` of activation row `c0 + c < C`.
             _mm256_set1_epi32(xb.add(v).read_unaligned())
         };
-        // Integer dot products per half and token: low nibbles (or whole bytes) and high ones.
+        // Integer dot products per half and token (i16 pairs for Q4_1, i32 otherwise).
         let mut lo = [[zero; G]; 2];
         if Q8 && D::WHOLE_BYTES {
             for v in 0..8 {

@@ -221,6 +221,9 @@ unsafe fn tile<V: F16x16, const NV: usize, const T: usize, const QK: usize>(
     let (qs, limit) = tile_queries::<T>(c, t);
     let (kp, vp) = (kv.k.as_ptr(), kv.v.as_ptr());
     let n_blocks = limit[nq - 1].div_ceil(BLOCK);
+    // Values: pairs of queries in a full tile; a decode row's few queries go one at a time (there
+    // the pairs' extra passes cost more than the loads they save).
+    let per_group = if T > SMALL_TILE { PV_QUERIES } else { 1 };
     // SAFETY (whole body): `V`'s features are the caller's promise; every key and value read
     // lies in a block of the sequence's table below the last query's limit, inside both caches
     // (checked by `attend_rows`); each query holds `hd` floats; scratch arrays are local.
@@ -277,9 +280,6 @@ unsafe fn tile<V: F16x16, const NV: usize, const T: usize, const QK: usize>(
                 values: vp.add(base),
                 tile_live,
             };
-            // Pairs of queries in a full tile; a decode row's few queries go one at a time (there
-            // the pairs' extra passes cost more than the loads they save).
-            let per_group = if T > SMALL_TILE { PV_QUERIES } else { 1 };
             let widen = nq - first > per_group;
             if widen {
                 for (p, row) in vals.iter_mut().enumerate() {

@@ -61,8 +61,9 @@ pub(super) trait Dot<R> {
 
 /// `vpmaddubsw` into i16 pairs, widened once per block by `vpmaddwd` (exact for nibble weights:
 /// a pair is at most 2 · 15 · 127, a block's eight lines 30,480). Q4_1 nibbles go in as they are
-/// and Q8_0's unsigned bytes split into their two nibbles (`16 * hi + lo`), so it gives the exact
-/// integer dot product `vpdpbusd` does.
+/// and, on zmm, Q8_0's unsigned bytes split into their two nibbles (`16 * hi + lo`), so it gives
+/// the exact integer dot product `vpdpbusd` does (the AVX2 tile feeds Q8_0 signed instead, see
+/// [`super::avx2_lanes`]).
 pub(super) struct MaddUbs;
 
 /// Implements [`Dot`] on register `$reg` for [`MaddUbs`], with that width's `vpaddw`,
