@@ -9,7 +9,9 @@ BIN=$DIR/sdist/llama_cpp_python-$VERSION/vendor/llama.cpp/build/bin/llama-server
 if [ -x "$BIN" ]; then echo "llama-server present: $BIN"; exit 0; fi
 command -v cmake >/dev/null || { echo "build-peer: cmake is missing (apt-get install cmake g++)" >&2; exit 1; }
 mkdir -p "$DIR/sdist" && cd "$DIR/sdist"
-python3 -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d .
+# Only this package as a source archive: `--no-binary :all:` would build its build backend's
+# cmake from source as well.
+python3 -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d .
 tar xzf "llama_cpp_python-$VERSION.tar.gz"
 cd "llama_cpp_python-$VERSION/vendor/llama.cpp"
 # Portable x86-64 flags (no -march=native); AMX off: it faults inside some virtual machines.

@@ -26,6 +26,10 @@ def engine(text):
 
 def llama(text):
     out = {}
+    # llama-batched-bench's rows: | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s |
+    batched = r"^\|\s+\d+\s+\|\s+\d+\s+\|\s+(\d+)\s+\|(?:[^|]+\|){4}\s+([\d.]+)"
+    for b, rate in re.findall(batched, text, re.M):
+        out[f"batched_b{b}"] = float(rate)
     for test, rate in re.findall(r"\|\s+(pp\d+|tg\d+)\s+\|\s+([\d.]+)", text):
         key = "b1" if test.startswith("tg") else test
         out[key] = float(rate)
@@ -48,9 +52,13 @@ def main():
             r["b8/b1"] = e["b8"] / e["b1"]
             r["8K/4K"] = e["pp8192_s"] / e["pp4096_s"]
             r["8K/4K llama"] = l["pp8192_s"] / l["pp4096_s"]
+            if "batched_b1" in l and "batched_b8" in l:
+                # llama.cpp's own batch scaling, and the engine's batch 8 against llama.cpp's.
+                r["b8/b1 llama"] = l["batched_b8"] / l["batched_b1"]
+                r["b8"] = e["b8"] / l["batched_b8"]
             rows.setdefault(level, []).append((d, r))
     for level, runs in rows.items():
-        keys = list(runs[0][1])
+        keys = [k for k in runs[0][1] if all(k in r for _, r in runs)]
         print(f"{level}: {len(runs)} rounds")
         print("round".ljust(58) + "".join(k.rjust(13) for k in keys))
         for d, r in runs:

@@ -4,7 +4,7 @@
 #   cd "$(dirname "$0")/../.." && source loadtests/bench/lib.sh
 #
 # Defines PIDS (append every background process: `PIDS+=($!)`; all are killed at exit),
-# wait_up and policy.
+# wait_up, policy, stamp and the llama.cpp peers per SIMD level.
 
 PIDS=()
 cleanup() {
@@ -58,3 +58,6 @@ peer_of() {
         *) echo "$PEER_NATIVE" ;;
     esac
 }
+
+# A header line for a raw output file: the time, the load average and what follows.
+stamp() { echo "# $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg) $*"; }
