@@ -8,8 +8,9 @@
 //! Q8_0's go in signed, as their magnitudes against activations carrying their signs (llama.cpp's
 //! arrangement), with the exact offset that makes the result the unsigned bytes' dot product
 //! (the activations' block sums, [`super::quant::QActs::sums`]). Where the CPU has AVX-VNNI
-//! (`avxvnni`, or AVX-512 VNNI with VL), `vpdpbusd` on ymm does each line in one instruction. From the integer dot product on, every step is the
-//! AVX-512 tile's, so the outputs are bit for bit its outputs.
+//! (`avxvnni`, or AVX-512 VNNI with VL), `vpdpbusd` on ymm does each line in one instruction.
+//! From the integer dot product on, every step is the AVX-512 tile's, so the outputs are bit for
+//! bit its outputs.
 
 use std::arch::x86_64::*;
 

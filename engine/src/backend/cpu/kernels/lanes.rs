@@ -378,16 +378,13 @@ mod tests {
         }
     }
 
-    /// Runs `w · x` (`m` tokens) through `kernel`: the outputs, then the residuals.
-    fn run(kernel: LaneKernel, w: &LaneMatrix, x: &[f32], m: usize, cols: usize) -> Vec<f32> {
-        let mut acts = QActs::default();
-        acts.reset(m, cols);
-        let (qs, ds, sums) = (&mut acts.qs, &mut acts.ds, &mut acts.sums);
-        quant::quantize_rows(SimdLevel::Avx2, x, qs, ds, sums, cols);
+    /// Runs `w · acts` through `kernel`: the outputs, then the residuals.
+    fn run(kernel: LaneKernel, w: &LaneMatrix, acts: &QActs) -> Vec<f32> {
+        let m = acts.m;
         let mut out = vec![f32::NAN; m * w.rows()];
         let mut res: Vec<f32> = (0..m * w.rows()).map(|i| i as f32 * 0.25).collect();
         let (o, r) = (OutPtr(out.as_mut_ptr()), OutPtr(res.as_mut_ptr()));
-        block(kernel, w, &acts, 0..w.rows(), 0..m, o, Some(r));
+        block(kernel, w, acts, 0..w.rows(), 0..m, o, Some(r));
         out.extend(res);
         out
     }
@@ -463,7 +460,7 @@ mod tests {
                 let (qs, ds, sums) = (&mut acts.qs, &mut acts.ds, &mut acts.sums);
                 quant::quantize_rows(SimdLevel::Avx2, &x, qs, ds, sums, cols);
                 for kernel in LaneKernel::ALL.into_iter().filter(|k| k.supported()) {
-                    let got = run(kernel, &lanes, &x, m, cols);
+                    let got = run(kernel, &lanes, &acts);
                     let (out, res) = got.split_at(m * rows);
                     for (t, r) in (0..m).flat_map(|t| (0..rows).map(move |r| (t, r))) {
                         let at = t * rows + r;
