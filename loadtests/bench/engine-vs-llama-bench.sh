@@ -22,9 +22,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: $0 OUT_DIR}
 mkdir -p "$OUT"
-BIN=${CARGO_TARGET_DIR:-target}/release
-MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
-REPS=${REPS:-3}
 source loadtests/bench/lib.sh
 
 for level in ${LEVELS-native avx2}; do

@@ -19,8 +19,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: $0 OUT_DIR}
 mkdir -p "$OUT"
-BIN=${CARGO_TARGET_DIR:-target}/release
-MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 LEVELS=${LEVELS-native avx2}
 SEED=${SEED:-11}
 P_ENGINE=18401 P_LLAMA=18402 P_GATEWAY=18403

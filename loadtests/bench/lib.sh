@@ -4,7 +4,13 @@
 #   cd "$(dirname "$0")/../.." && source loadtests/bench/lib.sh
 #
 # Defines PIDS (append every background process: `PIDS+=($!)`; all are killed at exit),
-# wait_up, policy, stamp and the llama.cpp peers per SIMD level.
+# wait_up, policy, stamp and the llama.cpp peers per SIMD level; and, unless the caller or the
+# environment set them, BIN (the release binaries: $CARGO_TARGET_DIR/release), MODEL (the
+# bundled GGUF) and REPS (3, repetitions per measurement).
+
+BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release}
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+REPS=${REPS:-3}
 
 PIDS=()
 cleanup() {

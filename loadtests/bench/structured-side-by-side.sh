@@ -31,8 +31,6 @@ cd "$(dirname "$0")/../.."
 OUT=${1:?usage: $0 OUT_DIR [TARGETS]}
 TARGETS=${2:-engine llama llama-tools}
 mkdir -p "$OUT"
-BIN=${CARGO_TARGET_DIR:-target}/release
-MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 PEER=${PEER:-/tmp/peer/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin}
 TEMPLATE=loadtests/bench/qwen2.5-tools.jinja
 SEED=${SEED:-21}

@@ -45,7 +45,8 @@ pub struct MatrixArgs {
     /// Needle depths, 0 (start) to 1 (end).
     #[arg(long, value_delimiter = ',', default_value = "0.1,0.5,0.9")]
     pub depths: Vec<f64>,
-    /// The Markdown report; hand-written notes in it survive a rerun.
+    /// The Markdown report; what a person wrote in it (the notes above the matrix, every
+    /// section after it) survives a rerun.
     #[arg(long, default_value = "docs/capacity.md")]
     pub out: PathBuf,
     /// The chart [default: --out with .svg].

@@ -1,12 +1,18 @@
 //! `docs/capacity.md`: the matrix in the deployment report's layout (one block of rows per
-//! scenario, one row per target, side by side), the run's conditions, and the notes a person
-//! wrote, kept across reruns.
+//! scenario, one row per target, side by side), the run's conditions, and what a person wrote
+//! (the notes above the matrix and the sections after it), kept across reruns.
 
 use super::{load, outcomes, secs, Entry};
 
 /// Where hand-written notes start and end in the document; a rerun keeps what is between.
 pub const NOTES_BEGIN: &str = "<!-- notes: kept when sluice-load matrix rewrites this file -->";
 pub const NOTES_END: &str = "<!-- end of notes -->";
+/// Where hand-written sections after the matrix start; a rerun keeps all that follows.
+pub const AFTER_MATRIX: &str =
+    "<!-- after the matrix: kept when sluice-load matrix rewrites this file -->";
+/// The headings this module writes; any other `## ` heading after the notes of a document
+/// written before [`AFTER_MATRIX`] existed starts a hand-written section.
+const GENERATED_HEADINGS: [&str; 2] = ["## The matrix", "## Scores by kind and failures"];
 
 /// The run's conditions, printed above the table.
 #[derive(Debug, Clone, Default)]
@@ -101,7 +107,27 @@ fn details(entries: &[Entry]) -> String {
     out
 }
 
-/// The whole document; `notes` is the hand-written part of the previous version, if any.
+/// The hand-written sections after the matrix in `doc`: all after [`AFTER_MATRIX`], or, in a
+/// document without it, all from the first heading after the notes that this module did not
+/// write. Without this a rerun would drop them.
+fn after_matrix(doc: &str) -> Option<&str> {
+    if let Some(i) = doc.find(AFTER_MATRIX) {
+        return Some(doc[i + AFTER_MATRIX.len()..].trim());
+    }
+    let from = doc.find(NOTES_END).map_or(0, |i| i + NOTES_END.len());
+    let mut offset = from;
+    for line in doc[from..].split_inclusive('\n') {
+        let heading = line.trim_end();
+        if heading.starts_with("## ") && !GENERATED_HEADINGS.contains(&heading) {
+            return Some(doc[offset..].trim());
+        }
+        offset += line.len();
+    }
+    None
+}
+
+/// The whole document; `previous` is the file it replaces, whose hand-written parts (the notes
+/// and the sections after the matrix) it keeps.
 pub fn capacity_doc(info: &DocInfo, entries: &[Entry], previous: Option<&str>) -> String {
     let notes = previous
         .and_then(|doc| {
@@ -110,6 +136,7 @@ pub fn capacity_doc(info: &DocInfo, entries: &[Entry], previous: Option<&str>) -
             Some(doc[start..end].trim().to_owned())
         })
         .unwrap_or_else(|| "(No notes yet.)".into());
+    let after = previous.and_then(after_matrix).unwrap_or_default();
     let targets: Vec<String> = info
         .targets
         .iter()
@@ -150,5 +177,56 @@ pub fn capacity_doc(info: &DocInfo, entries: &[Entry], previous: Option<&str>) -
         doc.push_str("\n## Scores by kind and failures\n\n");
         doc.push_str(&details);
     }
+    doc.push_str(&format!("\n{AFTER_MATRIX}\n"));
+    if !after.is_empty() {
+        doc.push_str(&format!("\n{after}\n"));
+    }
     doc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> DocInfo {
+        DocInfo {
+            when: "2026-12-05 23:50 UTC".into(),
+            scale: 0.25,
+            ..DocInfo::default()
+        }
+    }
+
+    #[test]
+    fn a_rerun_keeps_the_notes_and_every_section_after_the_matrix() {
+        let first = capacity_doc(&info(), &[], None);
+        assert!(first.contains("(No notes yet.)"));
+        assert!(first.trim_end().ends_with(AFTER_MATRIX));
+        let edited = first.replace("(No notes yet.)", "Quiet machine.")
+            + "\n## Predictive admission\n\n| a | b |\n\n### Zen 3\n\ntext\n";
+        let second = capacity_doc(&info(), &[], Some(&edited));
+        assert!(second.contains("Quiet machine."));
+        assert!(!second.contains("(No notes yet.)"));
+        let tail = "## Predictive admission\n\n| a | b |\n\n### Zen 3\n\ntext\n";
+        assert!(second.ends_with(&format!("{AFTER_MATRIX}\n\n{tail}")));
+        // Stable: a third run writes the same document, with one marker.
+        assert_eq!(capacity_doc(&info(), &[], Some(&second)), second);
+        assert_eq!(second.matches(AFTER_MATRIX).count(), 1);
+    }
+
+    #[test]
+    fn a_document_from_before_the_marker_keeps_its_own_sections() {
+        let old = format!(
+            "# Capacity on this machine\n\n{NOTES_BEGIN}\nnotes\n{NOTES_END}\n\n\
+             ## The matrix\n\n| row |\n\n## Scores by kind and failures\n\n- x\n\n\
+             ## Predictive admission (issue 23, item 5)\n\nresults\n"
+        );
+        let doc = capacity_doc(&info(), &[], Some(&old));
+        assert!(doc.ends_with(&format!(
+            "{AFTER_MATRIX}\n\n## Predictive admission (issue 23, item 5)\n\nresults\n"
+        )));
+        assert!(!doc.contains("| row |"), "the old matrix is replaced");
+        // Only the generated headings: nothing to keep.
+        let bare = capacity_doc(&info(), &[], None).replace(AFTER_MATRIX, "");
+        assert!(after_matrix(&bare).is_none());
+    }
 }
