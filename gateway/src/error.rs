@@ -13,6 +13,42 @@ use serde_json::json;
 use crate::body::{self, GatewayBody};
 use crate::policy::Class;
 
+/// Why a request's deadline cannot be met: the message says which, so that a refusal never
+/// quotes a prediction inside the deadline without its reason.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Unmeetable {
+    /// The prediction, lengthened by `margin` for how late recent first tokens came, passes
+    /// the deadline.
+    Late { margin: Duration },
+    /// Admitting it would make a request already waiting miss that request's own deadline.
+    WouldDisplace,
+}
+
+impl Unmeetable {
+    fn explain(self, predicted: Duration) -> String {
+        let predicted = ms(predicted);
+        match self {
+            Self::Late { margin } if ms(margin).is_zero() => {
+                format!("the predicted time to first token is {predicted:?}")
+            }
+            Self::Late { margin } => format!(
+                "the predicted time to first token is {predicted:?}, {:?} with the margin for \
+                 how late recent first tokens came",
+                ms(predicted + margin)
+            ),
+            Self::WouldDisplace => format!(
+                "its predicted time to first token is {predicted:?}, but admitting it would make \
+                 a request already waiting miss its own deadline"
+            ),
+        }
+    }
+}
+
+/// `d` to the millisecond, for messages (`4.143s`, not `4.143046706s`).
+fn ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Why the gateway answered a request itself instead of with the upstream's response.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum GatewayError {
@@ -66,12 +102,14 @@ pub enum GatewayError {
     },
     #[error("the server is at capacity ({} queue full); retry after {retry_after:?}", class.as_str())]
     Overloaded { class: Class, retry_after: Duration },
-    #[error("the {} TTFT deadline of {deadline:?} cannot be met: the predicted time to first token is {predicted:?}; retry after {retry_after:?}", class.as_str())]
+    #[error("the {} TTFT deadline of {:?} cannot be met: {}; retry after {:?}", class.as_str(), ms(*deadline), why.explain(*predicted), ms(*retry_after))]
     DeadlineUnmeetable {
         class: Class,
+        /// Arrival → first token as the model predicts it, without the margin.
         predicted: Duration,
         deadline: Duration,
         retry_after: Duration,
+        why: Unmeetable,
     },
     #[error("every engine replica is busy (it answered 503); retry after {retry_after:?}")]
     UpstreamBusy { retry_after: Duration },

@@ -95,6 +95,17 @@ fn every_condition_has_its_status_and_code() {
             "overloaded",
         ),
         (
+            GatewayError::DeadlineUnmeetable {
+                class: Class::Interactive,
+                predicted: d,
+                deadline: d,
+                retry_after: d,
+                why: Unmeetable::WouldDisplace,
+            },
+            StatusCode::SERVICE_UNAVAILABLE,
+            "deadline_unmeetable",
+        ),
+        (
             GatewayError::QueueTimeout { waited: d },
             StatusCode::SERVICE_UNAVAILABLE,
             "queue_timeout",
@@ -185,4 +196,39 @@ fn field_errors_keep_their_param_and_code() {
         allow: "POST",
     };
     assert_eq!(e.into_response().headers()["allow"], "POST");
+}
+
+/// A refusal by deadline quotes the prediction and the rule that refused it, so that a
+/// prediction inside the deadline never reads as a contradiction.
+#[test]
+fn a_deadline_refusal_says_why() {
+    let refusal = |predicted_ms, why| GatewayError::DeadlineUnmeetable {
+        class: Class::Interactive,
+        predicted: Duration::from_millis(predicted_ms),
+        deadline: Duration::from_secs(5),
+        retry_after: Duration::from_millis(1130),
+        why,
+    };
+    let late = Unmeetable::Late {
+        margin: Duration::ZERO,
+    };
+    assert_eq!(
+        refusal(6_200, late).to_string(),
+        "the interactive TTFT deadline of 5s cannot be met: the predicted time to first token \
+         is 6.2s; retry after 1.13s"
+    );
+    let margin = Unmeetable::Late {
+        margin: Duration::from_micros(1_987_654),
+    };
+    assert_eq!(
+        refusal(4_143, margin).to_string(),
+        "the interactive TTFT deadline of 5s cannot be met: the predicted time to first token \
+         is 4.143s, 6.13s with the margin for how late recent first tokens came; retry after 1.13s"
+    );
+    assert_eq!(
+        refusal(4_143, Unmeetable::WouldDisplace).to_string(),
+        "the interactive TTFT deadline of 5s cannot be met: its predicted time to first token is \
+         4.143s, but admitting it would make a request already waiting miss its own deadline; \
+         retry after 1.13s"
+    );
 }

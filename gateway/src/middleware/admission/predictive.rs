@@ -28,7 +28,7 @@ use tokio::time::Instant;
 
 use super::flight::Flight;
 use super::queue::{State, Ticket, Waiter};
-use crate::error::GatewayError;
+use crate::error::{GatewayError, Unmeetable};
 use crate::policy::Class;
 use crate::predict::{self, Gate, Group, Pair, Parameters, Pending, Point, Running, Scene};
 
@@ -218,13 +218,16 @@ impl State {
             predicted = yielding.last().copied().unwrap_or(0.0);
             if self.pushed(&before, &yielding).is_some() {
                 let wait = secs(first).max(Duration::from_secs(1));
-                return Err(unmeetable(ticket, secs(predicted), deadline, wait));
+                let why = Unmeetable::WouldDisplace;
+                return Err(unmeetable(ticket, secs(predicted), deadline, wait, why));
             }
         }
-        let padded = secs(predicted + self.margin(predicted));
+        let margin = secs(self.margin(predicted));
+        let padded = secs(predicted) + margin;
         if padded > deadline {
             let wait = padded.saturating_sub(deadline);
-            return Err(unmeetable(ticket, secs(predicted), deadline, wait));
+            let why = Unmeetable::Late { margin };
+            return Err(unmeetable(ticket, secs(predicted), deadline, wait, why));
         }
         Ok(Judged {
             predicted: secs(predicted),
@@ -248,7 +251,10 @@ impl State {
                 let deadline = self.deadline(&w.ticket);
                 let predicted = w.arrived.elapsed() + secs(left);
                 (predicted > deadline).then(|| {
-                    let err = unmeetable(&w.ticket, predicted, deadline, predicted - deadline);
+                    let why = Unmeetable::Late {
+                        margin: Duration::ZERO,
+                    };
+                    let err = unmeetable(&w.ticket, predicted, deadline, predicted - deadline, why);
                     (i, err)
                 })
             })
@@ -468,12 +474,14 @@ fn unmeetable(
     predicted: Duration,
     deadline: Duration,
     wait: Duration,
+    why: Unmeetable,
 ) -> GatewayError {
     GatewayError::DeadlineUnmeetable {
         class: ticket.class,
         predicted,
         deadline,
         retry_after: wait.max(Duration::from_secs(1)),
+        why,
     }
 }
 

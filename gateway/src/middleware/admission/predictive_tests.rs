@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::error::GatewayError;
+use crate::error::{GatewayError, Unmeetable};
 use crate::policy::{Class, Cost};
 
 /// Prefill 1 s per 1K tokens, decode 10 ms a step; refit off so the figures stay exact.
@@ -91,11 +91,22 @@ async fn an_unmeetable_deadline_is_refused_at_once_with_retry_after() {
         deadline,
         retry_after,
         class,
+        why,
     } = err
     else {
         panic!("expected deadline_unmeetable, got {err:?}");
     };
     assert_eq!(class, Class::Interactive);
+    // No first token yet, so no lateness to allow for.
+    let on_time = Unmeetable::Late {
+        margin: Duration::ZERO,
+    };
+    assert_eq!(why, on_time);
+    assert_eq!(
+        err.to_string(),
+        "the interactive TTFT deadline of 3s cannot be met: the predicted time to first token \
+         is 4.25s; retry after 1.25s"
+    );
     assert_eq!(deadline, Duration::from_secs(3));
     // 4 s of the long prefill, then its own 0.25 s.
     assert!(
@@ -490,4 +501,53 @@ async fn evicting_the_batch_waiter_a_waiter_yields_to_lets_it_in_at_once() {
     let granted = i1.try_recv().expect("granted at once").expect("slot");
     assert_eq!(adm.snapshot().active, 2);
     drop(granted);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_by_the_margin_says_so_and_counts_it_in_retry_after() {
+    let adm = Admission::new(limits(2));
+    // Recent first tokens came 0.6 s late on 1 s predictions: 0.6 s per root second.
+    {
+        let mut st = adm.lock();
+        for _ in 0..8 {
+            st.history.record(crate::predict::Pair {
+                at: tokio::time::Instant::now(),
+                predicted: Duration::from_secs(1),
+                actual: Duration::from_millis(1600),
+            });
+        }
+    }
+    let _long = acquire(adm.clone(), ticket("a", 1000)).await.expect("slot");
+    // 1 s of the prefill ahead and its own 1.2 s: 2.2 s predicted, inside the 3 s deadline,
+    // but 2.2 s + 0.6 s × √2.2 = 3.090 s with the margin, past it.
+    let err = acquire(adm.clone(), ticket("b", 1200))
+        .await
+        .expect_err("refused by the margin");
+    let GatewayError::DeadlineUnmeetable {
+        predicted,
+        retry_after,
+        why,
+        ..
+    } = &err
+    else {
+        panic!("expected deadline_unmeetable, got {err:?}");
+    };
+    assert!(
+        (predicted.as_secs_f64() - 2.2).abs() < 0.01,
+        "{predicted:?}"
+    );
+    let Unmeetable::Late { margin } = why else {
+        panic!("{why:?}");
+    };
+    let expected = 0.6 * 2.2f64.sqrt();
+    assert!((margin.as_secs_f64() - expected).abs() < 0.01, "{margin:?}");
+    assert!(
+        (retry_after.as_secs_f64() - 1.0).abs() < 0.01,
+        "{retry_after:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "the interactive TTFT deadline of 3s cannot be met: the predicted time to first token \
+         is 2.2s, 3.089s with the margin for how late recent first tokens came; retry after 1s"
+    );
 }
