@@ -67,6 +67,8 @@ pub struct ScenarioStats {
     pub succeeded: usize,
     /// Outcome label (`ok`, `http_503:overloaded`, `timeout`, ...) → count.
     pub outcomes: BTreeMap<String, usize>,
+    /// Requests sent more than once (refused, then retried: `--retries`).
+    pub retried: usize,
     /// One example message per failing outcome label.
     pub failure_examples: BTreeMap<String, String>,
     /// First arrival to last byte.
@@ -108,6 +110,7 @@ impl ScenarioStats {
             let s = &r.sample;
             let label = s.outcome.label();
             *st.outcomes.entry(label.clone()).or_insert(0) += 1;
+            st.retried += usize::from(s.retries > 0);
             if let Some(q) = s.queue_ms {
                 queue.push(q / 1e3);
             }

@@ -9,7 +9,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{alternating, mixed, Fake, Kind, Numbered, FIRST_CONTENT, KEY, MODEL};
+use common::{
+    alternating, mixed, shed_every_other, Fake, Kind, Numbered, FIRST_CONTENT, KEY, MODEL,
+};
 use sluice_loadtests::client::{ClientOptions, Endpoint};
 use sluice_loadtests::measure::measure;
 use sluice_loadtests::report::Entry;
@@ -20,6 +22,7 @@ fn target_with(url: &str, opts: &ClientOptions) -> Target {
     Target {
         endpoint: Arc::new(Endpoint::parse(url, opts).unwrap()),
         timeout: Duration::from_secs(20),
+        retries: 0,
     }
 }
 
@@ -67,6 +70,47 @@ async fn run(fake: &Fake, row: &Row) -> Entry {
     measure(row, "fake", &target(fake), &ctx(), 0, false)
         .await
         .unwrap()
+}
+
+#[tokio::test]
+async fn a_refused_request_is_sent_again_after_its_retry_after_when_retries_allow() {
+    // Without retries the refusals are outcomes.
+    let fake = Fake::start(shed_every_other).await;
+    let e = run(&fake, &row(shape("16:5"), closed(1), Some(3), None)).await;
+    assert_eq!(
+        (e.stats.total, e.stats.succeeded, e.stats.retried),
+        (3, 1, 0)
+    );
+    assert_eq!(e.stats.outcomes["http_503:overloaded"], 2);
+    // With one retry each request is refused, waits the 1 s asked, and is served; its times
+    // count from the first send.
+    let fake = Fake::start(shed_every_other).await;
+    let t = Target {
+        retries: 1,
+        ..target(&fake)
+    };
+    let e = measure(
+        &row(shape("16:5"), closed(1), Some(3), None),
+        "fake",
+        &t,
+        &ctx(),
+        0,
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(fake.arrivals(), 6);
+    assert_eq!(
+        (e.stats.total, e.stats.succeeded, e.stats.retried),
+        (3, 3, 3)
+    );
+    for r in &e.run.records {
+        assert_eq!(r.sample.retries, 1);
+        let ttft = r.sample.ttft.unwrap();
+        assert!(ttft >= Duration::from_secs(1), "{ttft:?}");
+        assert!(r.sample.e2e >= ttft);
+    }
+    assert!(sluice_loadtests::report::table_row(&e).contains("(3 retried)"));
 }
 
 #[tokio::test]

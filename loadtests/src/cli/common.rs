@@ -30,6 +30,11 @@ pub struct ClientArgs {
     /// Per-request timeout, send to last byte (300s, 5m, 1500ms).
     #[arg(long, default_value = "300s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Send a request refused with 429 or 503 and a `Retry-After` again after that long (at
+    /// most 60 s), up to this many times, as the OpenAI SDKs do (they retry twice); its times
+    /// count from the first send. 0: the refusal is its outcome.
+    #[arg(long, default_value_t = 0)]
+    pub retries: u32,
 }
 
 /// Where prompts come from.
@@ -85,6 +90,7 @@ pub async fn target(url: &str, args: &ClientArgs) -> Result<(Target, String)> {
     let target = Target {
         endpoint,
         timeout: args.timeout,
+        retries: args.retries,
     };
     Ok((target, model))
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
-use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, RETRY_AFTER};
 use hyper::{Method, Request, Uri};
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::ServerName;
@@ -276,6 +276,10 @@ impl Connection {
         };
 
         if !status.is_success() {
+            // Whole seconds, as the gateway sends it; an HTTP date is not read.
+            let retry_after = header(RETRY_AFTER.as_str())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
             let bytes = match resp.into_body().collect().await {
                 Ok(c) => {
                     self.sender = Some(sender);
@@ -287,11 +291,13 @@ impl Connection {
                 Ok(v) => error_fields(v.get("error").unwrap_or(&v)),
                 Err(_) => (None, clip(&String::from_utf8_lossy(&bytes))),
             };
-            return with_queue(failed(Outcome::Http {
+            let mut sample = with_queue(failed(Outcome::Http {
                 status: status.as_u16(),
                 code,
                 message,
             }));
+            sample.retry_after = retry_after;
+            return sample;
         }
 
         let mut state = StreamState::new(start);

@@ -86,6 +86,11 @@ pub struct Sample {
     pub content_chunks: u64,
     /// The gateway's `x-sluice-queue-ms` response header.
     pub queue_ms: Option<f64>,
+    /// A refusal's `Retry-After` (whole seconds), when it sent one.
+    pub retry_after: Option<Duration>,
+    /// How many times the request was sent again after a refusal; its times count from the
+    /// first send.
+    pub retries: u32,
     /// The generated text, kept so that needle answers can be scored.
     pub text: String,
     pub tool_calls: Vec<ToolCall>,
@@ -101,6 +106,8 @@ impl Sample {
             prompt_tokens: None,
             content_chunks: 0,
             queue_ms: None,
+            retry_after: None,
+            retries: 0,
             text: String::new(),
             tool_calls: Vec::new(),
         }

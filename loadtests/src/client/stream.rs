@@ -192,6 +192,8 @@ impl StreamState {
             prompt_tokens: self.prompt_tokens,
             content_chunks: self.content_chunks,
             queue_ms,
+            retry_after: None,
+            retries: 0,
             text: self.text,
             tool_calls: self.tool_calls,
         }

@@ -29,6 +29,7 @@ pub fn sample_json(r: &Record) -> Value {
         "completion_tokens": s.tokens(),
         "prompt_tokens": s.prompt_tokens,
         "queue_ms": s.queue_ms,
+        "retries": s.retries,
         "passed": r.passed,
     });
     if !s.outcome.is_ok() {
@@ -64,6 +65,7 @@ pub fn entry_json(e: &Entry, samples: bool) -> Value {
         "success": s.succeeded,
         "failed": s.total - s.succeeded,
         "outcomes": s.outcomes,
+        "retried": s.retried,
         "failure_examples": s.failure_examples,
         "wall_s": s.wall.as_secs_f64(),
         // The scheduled span (`--duration`), so that rates per second of arrivals need not

@@ -34,13 +34,16 @@ pub(crate) fn secs(v: Option<f64>) -> String {
     v.map_or_else(|| "–".into(), |v| format!("{v:.2}"))
 }
 
-/// `ok=8 http_503:overloaded=2`.
+/// `ok=8 http_503:overloaded=2`, and `(3 retried)` when some were sent again after a refusal.
 pub(crate) fn outcomes(stats: &ScenarioStats) -> String {
-    let parts: Vec<String> = stats
+    let mut parts: Vec<String> = stats
         .outcomes
         .iter()
         .map(|(k, n)| format!("{k}={n}"))
         .collect();
+    if stats.retried > 0 {
+        parts.push(format!("({} retried)", stats.retried));
+    }
     parts.join(" ")
 }
 

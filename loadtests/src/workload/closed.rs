@@ -26,14 +26,14 @@ pub(super) async fn run(
     for _ in 0..concurrency {
         let (feed, progress) = (feed.clone(), progress.clone());
         let mut conn = Connection::new(target.endpoint.clone());
-        let timeout = target.timeout;
+        let target = target.clone();
         workers.spawn(async move {
             let mut records = Vec::new();
             while deadline.is_none_or(|d| Instant::now() < d) {
                 let Some(job) = feed.next().await else { break };
                 let job = job?;
                 let sent = Instant::now();
-                let sample = conn.send(job.api, job.body.clone(), timeout).await;
+                let sample = super::send(&mut conn, &target, &job).await;
                 progress.finished(sample.outcome.is_ok());
                 records.push(record(start, sent, sent, &job, sample));
             }

@@ -9,7 +9,7 @@ mod open;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::{Endpoint, Sample};
+use crate::client::{Connection, Endpoint, Outcome, Sample};
 use crate::error::{Error, Result};
 use crate::progress::Progress;
 use crate::scenario::JobSource;
@@ -76,6 +76,48 @@ pub struct Target {
     pub endpoint: Arc<Endpoint>,
     /// Per request, from its send to its last byte.
     pub timeout: Duration,
+    /// How many times a request refused with 429 or 503 and a `Retry-After` is sent again,
+    /// after waiting what the server asked (at most [`RETRY_WAIT_MAX`]), as the OpenAI SDKs do
+    /// (twice by default). 0: the refusal is the request's outcome.
+    pub retries: u32,
+}
+
+/// The longest `Retry-After` a retry waits (the OpenAI SDKs honour up to a minute).
+pub const RETRY_WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// Sends `job` on `conn`, and again after each refusal the target's `retries` allow: the
+/// last answer, its times counted from the first send.
+pub(crate) async fn send(
+    conn: &mut Connection,
+    target: &Target,
+    job: &crate::scenario::Job,
+) -> Sample {
+    let first = Instant::now();
+    let mut retries = 0;
+    loop {
+        let attempt = Instant::now();
+        let mut sample = conn.send(job.api, job.body.clone(), target.timeout).await;
+        let refused = matches!(
+            sample.outcome,
+            Outcome::Http {
+                status: 429 | 503,
+                ..
+            }
+        );
+        match sample.retry_after {
+            Some(wait) if refused && retries < target.retries => {
+                tokio::time::sleep(wait.min(RETRY_WAIT_MAX)).await;
+                retries += 1;
+            }
+            _ => {
+                let before = attempt - first;
+                sample.e2e += before;
+                sample.ttft = sample.ttft.map(|t| t + before);
+                sample.retries = retries;
+                return sample;
+            }
+        }
+    }
 }
 
 /// One request as the run saw it.

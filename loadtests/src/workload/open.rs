@@ -58,14 +58,14 @@ pub(super) async fn run(
     for _ in 0..plan.concurrency {
         let (queue, progress) = (queue.clone(), progress.clone());
         let mut conn = Connection::new(target.endpoint.clone());
-        let timeout = target.timeout;
+        let target = target.clone();
         workers.spawn(async move {
             let mut records = Vec::new();
             loop {
                 let next = queue.lock().await.recv().await;
                 let Some((job, arrival)) = next else { break };
                 let sent = Instant::now();
-                let sample = conn.send(job.api, job.body.clone(), timeout).await;
+                let sample = super::send(&mut conn, &target, &job).await;
                 progress.finished(sample.outcome.is_ok());
                 records.push(record(start, arrival, sent, &job, sample));
             }

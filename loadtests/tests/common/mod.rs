@@ -40,7 +40,8 @@ pub enum Kind {
     Wrong,
     /// 3 content chunks and a finish chunk, no usage.
     OkNoUsage,
-    /// HTTP 503 `overloaded` with `x-sluice-queue-ms`, as the gateway sheds.
+    /// HTTP 503 `overloaded` with `x-sluice-queue-ms` and `Retry-After: 1`, as the gateway
+    /// sheds.
     Shed,
     /// One content chunk, then `data: {"error": ...}`.
     StreamError,
@@ -51,6 +52,15 @@ pub enum Kind {
 /// Requests 4k..4k+3 are: ok, shed, ok without usage, error event.
 pub fn mixed(n: usize) -> Kind {
     [Kind::Ok, Kind::Shed, Kind::OkNoUsage, Kind::StreamError][n % 4]
+}
+
+/// Even requests shed, odd ones answered: each request is served on its first retry.
+pub fn shed_every_other(n: usize) -> Kind {
+    if n.is_multiple_of(2) {
+        Kind::Shed
+    } else {
+        Kind::Ok
+    }
 }
 
 /// Even requests right, odd ones wrong.
@@ -227,7 +237,8 @@ impl Fake {
                 "type": "overloaded", "param": null, "code": "overloaded"}});
             send_all(tx, vec![error.to_string()]);
             let resp = respond(StatusCode::SERVICE_UNAVAILABLE, "application/json")
-                .header("x-sluice-queue-ms", "0.5");
+                .header("x-sluice-queue-ms", "0.5")
+                .header("retry-after", "1");
             return Ok(resp.body(body).unwrap());
         }
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
