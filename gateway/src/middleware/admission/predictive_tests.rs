@@ -551,3 +551,43 @@ async fn a_refusal_by_the_margin_says_so_and_counts_it_in_retry_after() {
          is 2.2s, 3.089s with the margin for how late recent first tokens came; retry after 1s"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn requests_refused_together_are_told_to_return_one_after_another() {
+    let adm = Admission::new(limits(4));
+    // A 4K prompt is prefilling: 4 s before anything behind it starts.
+    let long = acquire(adm.clone(), ticket("a", 4000)).await.expect("slot");
+    // Three 250-token arrivals: each alone would fit 1.25 s from now (4.25 s predicted, 3 s
+    // deadline); each is told to come back 0.25 s (one prefill) after the one before.
+    let mut told = Vec::new();
+    for tenant in ["b", "c", "d"] {
+        let err = acquire(adm.clone(), ticket(tenant, 250))
+            .await
+            .expect_err("refused");
+        let Some(wait) = err.retry_after() else {
+            panic!("{err:?}");
+        };
+        told.push(wait);
+    }
+    for (wait, expected) in told.iter().zip([1.25, 1.5, 1.75]) {
+        assert!((wait.as_secs_f64() - expected).abs() < 0.01, "{told:?}");
+    }
+    // Each one that comes back when it was told gets in.
+    let mut admitted = Vec::new();
+    let mut now = 0.0;
+    for (wait, tenant) in told.iter().zip(["b", "c", "d"]) {
+        tokio::time::advance(Duration::from_secs_f64(wait.as_secs_f64() - now)).await;
+        now = wait.as_secs_f64();
+        let back = acquire(adm.clone(), ticket(tenant, 250)).await;
+        admitted.push(back.expect("in at the time it was told"));
+    }
+    // Once those prefills would be over, a refusal is told only its own wait again.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    drop((long, admitted));
+    let _again = acquire(adm.clone(), ticket("e", 4000)).await.expect("slot");
+    let err = acquire(adm.clone(), ticket("f", 250))
+        .await
+        .expect_err("refused");
+    let wait = err.retry_after().expect("retry after");
+    assert!((wait.as_secs_f64() - 1.25).abs() < 0.01, "{wait:?}");
+}

@@ -166,6 +166,9 @@ pub(super) struct State {
     pub(super) output_share: f64,
     /// When a re-check tick last re-checked (and dispatched) the queue.
     swept: Instant,
+    /// When the prefills of the requests told to come back (`deadline_unmeetable`'s
+    /// `Retry-After`) would be done, one after another: where the next one told gets in line.
+    pub(super) returns_until: Instant,
 }
 
 #[derive(Debug)]
@@ -329,6 +332,7 @@ impl Admission {
                 history: History::default(),
                 output_share: super::predictive::OUTPUT_SHARE_SEED,
                 swept: Instant::now(),
+                returns_until: Instant::now(),
                 limits,
             }),
         })
@@ -404,7 +408,10 @@ impl Admission {
         }
         let heavy = ticket.prompt_tokens > st.limits.heavy_input_tokens;
         st.backlogged(&ticket);
-        let judged = st.judge(&ticket, heavy)?;
+        let judged = match st.judge(&ticket, heavy) {
+            Ok(judged) => judged,
+            Err(err) => return Err(st.told_to_return(err, ticket.prompt_tokens)),
+        };
         let predicted = judged.predicted;
         st.fair.seen(ticket.class, &ticket.tenant);
         if judged.yields_to.is_none() && st.may_run(&ticket, heavy) {
@@ -473,6 +480,7 @@ impl Admission {
         // In queue order, predicted again after each refusal (the ones behind it may meet now).
         while let Some((i, err)) = st.first_missed() {
             if let Some(w) = st.waiters.remove(i) {
+                let err = st.told_to_return(err, w.ticket.prompt_tokens);
                 let _ = w.tx.send(Err(err));
             }
             refused = true;
