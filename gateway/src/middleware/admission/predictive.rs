@@ -54,6 +54,10 @@ const PREFILL_OVERRUN_SHARE: f64 = 0.5;
 const MARGIN_PAIRS: usize = 32;
 const MARGIN_QUANTILE: f64 = 0.8;
 const MARGIN_MAX: f64 = 0.5;
+/// The longest line of requests told to come back ([`State::told_to_return`]): under a long
+/// overload the line would grow without end, and a longer wait says more about the overload
+/// than about when this request fits (the OpenAI SDKs ignore a `Retry-After` over a minute).
+const RETURN_LINE_MAX: Duration = Duration::from_secs(60);
 
 /// What `/metrics` and the status page show of the prediction.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -248,7 +252,8 @@ impl State {
     pub(super) fn told_to_return(&mut self, mut err: GatewayError, prompt: usize) -> GatewayError {
         if let GatewayError::DeadlineUnmeetable { retry_after, .. } = &mut err {
             let now = Instant::now();
-            let back = (now + *retry_after).max(self.returns_until);
+            let line = self.returns_until.min(now + RETURN_LINE_MAX);
+            let back = (now + *retry_after).max(line);
             self.returns_until = back + secs(self.model.prefill(prompt, 0));
             *retry_after = back - now;
         }
