@@ -169,6 +169,9 @@ pub(super) struct State {
     /// When the prefills of the requests told to come back (`deadline_unmeetable`'s
     /// `Retry-After`) would be done, one after another: where the next one told gets in line.
     pub(super) returns_until: Instant,
+    /// The same for the requests shed with a full queue (`overloaded`): when the queue would
+    /// have made room for all those told to come back, one departure each.
+    shed_until: Instant,
 }
 
 #[derive(Debug)]
@@ -333,6 +336,7 @@ impl Admission {
                 output_share: super::predictive::OUTPUT_SHARE_SEED,
                 swept: Instant::now(),
                 returns_until: Instant::now(),
+                shed_until: Instant::now(),
                 limits,
             }),
         })
@@ -665,17 +669,23 @@ impl State {
         }
     }
 
-    /// `overloaded`, with a `Retry-After` from how fast the queue drains.
-    fn overloaded(&self, class: Class) -> GatewayError {
+    /// `overloaded`, with a `Retry-After` from how fast the queue drains: a place in line
+    /// behind the requests shed before it (one departure each), so that a burst shed together
+    /// is told to come back one after another, as `deadline_unmeetable` is
+    /// ([`State::told_to_return`]). The line is no longer than `queue_wait_max`.
+    fn overloaded(&mut self, class: Class) -> GatewayError {
+        let now = Instant::now();
+        let longest = self.limits.queue_wait_max.max(Duration::from_secs(1));
         let ahead = self.waiters.len() + 1;
-        let retry_after = self
-            .drain
-            .time_for(ahead, Instant::now())
-            .unwrap_or(self.limits.queue_wait_max)
-            .clamp(
-                Duration::from_secs(1),
-                self.limits.queue_wait_max.max(Duration::from_secs(1)),
-            );
+        let retry_after = match (self.drain.time_for(ahead, now), self.drain.time_for(1, now)) {
+            (Some(wait), Some(each)) => {
+                let back = (now + wait).max(self.shed_until.min(now + longest));
+                self.shed_until = back + each;
+                back - now
+            }
+            _ => self.limits.queue_wait_max,
+        };
+        let retry_after = retry_after.clamp(Duration::from_secs(1), longest);
         GatewayError::Overloaded { class, retry_after }
     }
 }

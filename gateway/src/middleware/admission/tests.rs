@@ -121,6 +121,20 @@ async fn retry_after_follows_the_drain_rate() {
         (3..=5).contains(&retry_after.as_secs()),
         "retry after {retry_after:?}"
     );
+    // Shed right after it, the next ones are told to come back a departure (~2 s) later each.
+    let mut told = vec![retry_after];
+    for _ in 0..2 {
+        let Err(GatewayError::Overloaded { retry_after, .. }) =
+            acquire(adm.clone(), interactive(10)).await
+        else {
+            panic!("expected overloaded");
+        };
+        told.push(retry_after);
+    }
+    for pair in told.windows(2) {
+        let step = (pair[1] - pair[0]).as_secs_f64();
+        assert!((1.5..=2.5).contains(&step), "{told:?}");
+    }
 }
 
 #[tokio::test(start_paused = true)]
