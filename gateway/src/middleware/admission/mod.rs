@@ -6,6 +6,7 @@
 //! - [`predictive`]: the predicted time to first token, deadlines, and the cost model's
 //!   refit from every stream ([`flight`] follows each).
 //! - [`fair`]: the virtual token counters that order a class's tenants.
+//! - [`line`]: the `Retry-After` of a refusal, a place in line behind those refused before it.
 //! - [`wait`]: waiting for a slot, with the deadline and cancellation.
 //! - [`service`]: takes the slot, calls the upstream, puts the slot in the response body.
 //! - [`slot`]: the response body holds the slot until its end; [`output`] tells which of its
@@ -16,6 +17,7 @@ mod drain;
 mod fair;
 mod flight;
 mod layer;
+mod line;
 mod predictive;
 mod queue;
 mod service;

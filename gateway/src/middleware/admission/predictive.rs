@@ -244,19 +244,16 @@ impl State {
     }
 
     /// `err`'s `Retry-After` (a `deadline_unmeetable` for a request of `prompt` tokens) made a
-    /// place in line: no sooner than the prefills of the requests told to come back before it
-    /// would be done, one after another (prefill is serial in the model), and this one's added
-    /// behind them. Measured on the bundled engine (docs/capacity.md): eight clients at 1K
+    /// place in line ([`super::line::ReturnLine`]): no sooner than the prefills of the requests told to come
+    /// back before it would be done, one after another (prefill is serial in the model), and
+    /// this one's added behind them. Measured on the bundled engine (docs/capacity.md): eight clients at 1K
     /// tokens retrying as the OpenAI SDKs do got 15% of their retries in when each was told only
     /// when it alone would fit (they came back together), 29% with the line. A client that
     /// never comes back holds its place only until its prefill would be over.
     pub(super) fn told_to_return(&mut self, mut err: GatewayError, prompt: usize) -> GatewayError {
         if let GatewayError::DeadlineUnmeetable { retry_after, .. } = &mut err {
-            let now = Instant::now();
-            let line = self.returns_until.min(now + RETURN_LINE_MAX);
-            let back = (now + *retry_after).max(line);
-            self.returns_until = back + secs(self.model.prefill(prompt, 0));
-            *retry_after = back - now;
+            let prefill = secs(self.model.prefill(prompt, 0));
+            *retry_after = self.returns.place(*retry_after, prefill, RETURN_LINE_MAX);
         }
         err
     }

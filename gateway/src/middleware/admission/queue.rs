@@ -37,6 +37,7 @@ use tokio::time::Instant;
 use super::drain::DrainRate;
 use super::fair::Fairness;
 use super::flight::Flight;
+use super::line::ReturnLine;
 use super::wait::RECHECK_EVERY;
 use crate::error::GatewayError;
 use crate::policy::{self, Class, Cost};
@@ -166,12 +167,11 @@ pub(super) struct State {
     pub(super) output_share: f64,
     /// When a re-check tick last re-checked (and dispatched) the queue.
     swept: Instant,
-    /// When the prefills of the requests told to come back (`deadline_unmeetable`'s
-    /// `Retry-After`) would be done, one after another: where the next one told gets in line.
-    pub(super) returns_until: Instant,
-    /// The same for the requests shed with a full queue (`overloaded`): when the queue would
-    /// have made room for all those told to come back, one departure each.
-    shed_until: Instant,
+    /// The requests told to come back by `deadline_unmeetable`, each holding the line for its
+    /// prefill ([`State::told_to_return`]).
+    pub(super) returns: ReturnLine,
+    /// The requests shed with a full queue (`overloaded`), each holding it for one departure.
+    sheds: ReturnLine,
 }
 
 #[derive(Debug)]
@@ -335,8 +335,8 @@ impl Admission {
                 history: History::default(),
                 output_share: super::predictive::OUTPUT_SHARE_SEED,
                 swept: Instant::now(),
-                returns_until: Instant::now(),
-                shed_until: Instant::now(),
+                returns: ReturnLine::new(),
+                sheds: ReturnLine::new(),
                 limits,
             }),
         })
@@ -670,19 +670,14 @@ impl State {
     }
 
     /// `overloaded`, with a `Retry-After` from how fast the queue drains: a place in line
-    /// behind the requests shed before it (one departure each), so that a burst shed together
-    /// is told to come back one after another, as `deadline_unmeetable` is
-    /// ([`State::told_to_return`]). The line is no longer than `queue_wait_max`.
+    /// behind the requests shed before it (one departure each, [`ReturnLine`]), no longer
+    /// than `queue_wait_max`.
     fn overloaded(&mut self, class: Class) -> GatewayError {
         let now = Instant::now();
         let longest = self.limits.queue_wait_max.max(Duration::from_secs(1));
         let ahead = self.waiters.len() + 1;
         let retry_after = match (self.drain.time_for(ahead, now), self.drain.time_for(1, now)) {
-            (Some(wait), Some(each)) => {
-                let back = (now + wait).max(self.shed_until.min(now + longest));
-                self.shed_until = back + each;
-                back - now
-            }
+            (Some(wait), Some(each)) => self.sheds.place(wait, each, longest),
             _ => self.limits.queue_wait_max,
         };
         let retry_after = retry_after.clamp(Duration::from_secs(1), longest);
