@@ -12,7 +12,9 @@ pub const AFTER_MATRIX: &str =
     "<!-- after the matrix: kept when sluice-load matrix rewrites this file -->";
 /// The headings this module writes; any other `## ` heading after the notes of a document
 /// written before [`AFTER_MATRIX`] existed starts a hand-written section.
-const GENERATED_HEADINGS: [&str; 2] = ["## The matrix", "## Scores by kind and failures"];
+const MATRIX_HEADING: &str = "## The matrix";
+const DETAILS_HEADING: &str = "## Scores by kind and failures";
+const GENERATED_HEADINGS: [&str; 2] = [MATRIX_HEADING, DETAILS_HEADING];
 
 /// The run's conditions, printed above the table.
 #[derive(Debug, Clone, Default)]
@@ -164,7 +166,7 @@ pub fn capacity_doc(info: &DocInfo, entries: &[Entry], previous: Option<&str>) -
         doc.push_str(&format!("- Every sample: [{json}]({json})\n"));
     }
     doc.push_str(&format!(
-        "\n{NOTES_BEGIN}\n{notes}\n{NOTES_END}\n\n## The matrix\n\n"
+        "\n{NOTES_BEGIN}\n{notes}\n{NOTES_END}\n\n{MATRIX_HEADING}\n\n"
     ));
     doc.push_str(&matrix_table(entries));
     if let Some(svg) = &info.svg {
@@ -174,7 +176,7 @@ pub fn capacity_doc(info: &DocInfo, entries: &[Entry], previous: Option<&str>) -
     }
     let details = details(entries);
     if !details.is_empty() {
-        doc.push_str("\n## Scores by kind and failures\n\n");
+        doc.push_str(&format!("\n{DETAILS_HEADING}\n\n"));
         doc.push_str(&details);
     }
     doc.push_str(&format!("\n{AFTER_MATRIX}\n"));
