@@ -40,10 +40,6 @@ for level in ${LEVELS-native avx2}; do
                 awk '!/^#/ && /%/ && n++ < 20 { print $1, $2, $3 }'
             rm -f "$data"
         fi
-        if [ -x "$peer/llama-batched-bench" ]; then
-            stamp llama batched
-            LD_LIBRARY_PATH=$peer "$peer/llama-batched-bench" -m "$MODEL" -t 2 -c 2048 \
-                -npp 1 -ntg 128 -npl 1,8 2>&1 | awk '/^\|/'
-        fi
+        llama_batched "$peer" 2>&1 | awk '/^#|^\|/'
     } >>"$OUT/$level-scaling.txt" 2>&1
 done

@@ -43,11 +43,7 @@ for level in ${LEVELS-native avx2}; do
     {
         stamp llama short
         LD_LIBRARY_PATH=$peer "$peer/llama-bench" -m "$MODEL" -t 2 -p 512 -n 128 -r "$REPS"
-        if [ -x "$peer/llama-batched-bench" ]; then
-            stamp llama batched
-            LD_LIBRARY_PATH=$peer "$peer/llama-batched-bench" -m "$MODEL" -t 2 -c 2048 \
-                -npp 1 -ntg 128 -npl 1,8
-        fi
+        llama_batched "$peer"
         stamp llama long
         LD_LIBRARY_PATH=$peer "$peer/llama-bench" -m "$MODEL" -t 2 -p 4096,8192 -n 0 -r 1
         if [ -n "${DEPTHS:-}" ]; then
