@@ -58,10 +58,22 @@ impl RealRedis {
             eprintln!("redis-server not installed: skipping");
             return None;
         };
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        // A port found free may be taken by another test before redis-server binds it: then
+        // the server exits, and another port is tried.
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            if let Some(redis) = Self::start_on(&bin, port).await {
+                return Some(redis);
+            }
+        }
+        panic!("redis-server did not start on any of five free ports");
+    }
+
+    /// Starts one on `port`: `None` when it exits before answering `PING` (the port was taken).
+    async fn start_on(bin: &std::path::Path, port: u16) -> Option<Self> {
         let child = std::process::Command::new(bin)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
@@ -69,12 +81,17 @@ impl RealRedis {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("start redis-server");
-        let redis = Self { child, port };
+        let mut redis = Self { child, port };
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
+            if matches!(redis.child.try_wait(), Ok(Some(_))) {
+                return None;
+            }
             let client = redis::Client::open(redis.url()).expect("redis url");
             if let Ok(mut c) = client.get_multiplexed_async_connection().await {
-                if redis::cmd("PING").query_async::<()>(&mut c).await.is_ok() {
+                if redis::cmd("PING").query_async::<()>(&mut c).await.is_ok()
+                    && matches!(redis.child.try_wait(), Ok(None))
+                {
                     return Some(redis);
                 }
             }

@@ -3,8 +3,7 @@
 //! its tenant's counters on `/metrics`.
 
 use std::net::SocketAddr;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,10 +11,10 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
 use sluice_gateway::policy::UpstreamKind;
-use tokio::io::AsyncBufReadExt;
 use tokio::net::TcpStream;
 
 use crate::common::{chat, eventually, policy, sha256_hex, tenant, ScriptedUpstream};
+use crate::process::ServeProcess;
 
 /// A chat request over plain HTTP/1.1 with `x-request-id: id` (and `Bearer key` when given):
 /// its status, once its body was read to the end.
@@ -59,19 +58,6 @@ async fn metrics(addr: SocketAddr, key: Option<&str>) -> String {
     String::from_utf8(body.to_vec()).expect("UTF-8")
 }
 
-/// The process's stderr lines, as they come.
-fn collect_lines(stderr: tokio::process::ChildStderr) -> Arc<Mutex<Vec<String>>> {
-    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
-    let sink = lines.clone();
-    tokio::spawn(async move {
-        let mut reader = tokio::io::BufReader::new(stderr).lines();
-        while let Ok(Some(line)) = reader.next_line().await {
-            sink.lock().expect("lock").push(line);
-        }
-    });
-    lines
-}
-
 /// The access line of request `id`, if logged yet.
 fn access_line(lines: &Mutex<Vec<String>>, id: &str) -> Option<String> {
     let needle = format!("request_id=\"{id}\"");
@@ -100,36 +86,10 @@ async fn sluice_serve_accounts_each_request_in_an_access_line_and_its_tenants_co
             let _ = a.tx.send_data(Bytes::from(text)).await;
         }
     });
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
     let dir = std::env::temp_dir().join(format!("sluice-access-log-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let file = dir.join("policy.toml");
-    std::fs::write(&file, toml::to_string(&p).expect("policy as TOML")).expect("write policy");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--plain-http", "--listen"])
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--policy")
-        .arg(&file)
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("sluice serve");
-    let lines = collect_lines(child.stderr.take().expect("stderr"));
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let listening = || {
-        let lines = lines.lock().expect("lock");
-        lines.iter().any(|l| l.contains("sluice: listening on"))
-    };
-    assert!(
-        eventually(Duration::from_secs(20), listening).await,
-        "sluice serve did not start: {:?}",
-        lines.lock().expect("lock")
-    );
+    let gateway = ServeProcess::start(&p, &dir).await;
+    let (addr, lines) = (gateway.addr, gateway.lines.clone());
 
     assert_eq!(post(addr, "acc-ok", Some("sk-alice")).await, StatusCode::OK);
     assert_eq!(
@@ -211,6 +171,6 @@ async fn sluice_serve_accounts_each_request_in_an_access_line_and_its_tenants_co
         .filter(|l| l.starts_with("sluice_tenant_requests_total{"))
         .collect();
     assert_eq!(tenants.len(), 6, "alice's six outcomes alone: {tenants:#?}");
-    let _ = child.kill().await;
+    gateway.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,6 +12,7 @@ mod otlp;
 mod peer;
 mod policy_edits;
 mod predictive;
+mod process;
 mod reload;
 mod replicas;
 mod scripted;

@@ -21,6 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::common::{certs, chat, h2_connection, policy, tenant, Gateway, ScriptedUpstream};
+use crate::process::ServeProcess;
 
 // ---------------------------------------------------------------------------------------------
 // The real Redis.
@@ -49,17 +50,23 @@ impl Redis {
             eprintln!("redis-server not installed: skipping (apt-get install redis-server)");
             return None;
         };
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let mut r = Self {
-            bin,
-            port,
-            child: None,
-        };
-        r.restart().await;
-        Some(r)
+        // A port found free may be taken by another test before redis-server binds it: then
+        // the server exits, and another port is tried.
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            let mut r = Self {
+                bin: bin.clone(),
+                port,
+                child: None,
+            };
+            if r.try_restart().await {
+                return Some(r);
+            }
+        }
+        panic!("redis-server did not start on any of five free ports");
     }
 
     fn url(&self) -> String {
@@ -68,22 +75,41 @@ impl Redis {
 
     /// (Re)starts it on the same port and waits until it answers `PING`.
     async fn restart(&mut self) {
-        let child = Command::new(&self.bin)
+        assert!(
+            self.try_restart().await,
+            "redis-server on port {} did not answer PING",
+            self.port
+        );
+    }
+
+    /// Starts it on its port; whether it answers `PING` within 10 s (false, and it is gone,
+    /// when it exits first: the port was taken).
+    async fn try_restart(&mut self) -> bool {
+        let mut child = Command::new(&self.bin)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start redis-server");
-        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return false;
+            }
             if self.ping().await {
-                return;
+                // Answered by this server, not by another that holds the port.
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    return false;
+                }
+                self.child = Some(child);
+                return true;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        panic!("redis-server on port {} did not answer PING", self.port);
+        let _ = child.kill();
+        let _ = child.wait();
+        false
     }
 
     /// A client connection, for the tests to look inside.
@@ -727,28 +753,6 @@ async fn leases_in_redis(redis: &Redis, prefix: &str) -> usize {
 // ---------------------------------------------------------------------------------------------
 // A gateway killed, and Redis killed.
 
-/// `sluice serve` with `p` on plain HTTP, as its own process.
-fn spawn_gateway(p: &Policy, dir: &Path) -> (Child, SocketAddr) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let file = dir.join("policy.toml");
-    std::fs::write(&file, toml::to_string(p).expect("policy as TOML")).expect("write policy");
-    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("serve")
-        .arg("--policy")
-        .arg(&file)
-        .arg("--plain-http")
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start sluice serve");
-    (child, SocketAddr::from(([127, 0, 0, 1], port)))
-}
-
 /// Starts a streamed request on a plain-HTTP gateway; its response, kept open.
 async fn plain_stream(addr: SocketAddr) -> Option<hyper::Response<hyper::body::Incoming>> {
     let tcp = TcpStream::connect(addr).await.ok()?;
@@ -774,7 +778,8 @@ async fn a_gateway_killed_mid_stream_gives_its_slots_back_within_the_ttl() {
     let ttl = p.shared.lease_ttl;
     let dir = std::env::temp_dir().join(format!("sluice-shared-crash-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let (mut killed, addr) = spawn_gateway(&p, &dir);
+    let killed = ServeProcess::start(&p, &dir).await;
+    let addr = killed.addr;
     let survivor = Gateway::start_replicas(p.clone()).await;
     assert!(
         survivor
@@ -816,8 +821,8 @@ async fn a_gateway_killed_mid_stream_gives_its_slots_back_within_the_ttl() {
     );
     assert_eq!(gauge(&survivor, "sluice_shared_leases").await, Some(0.0));
 
-    crate::engine::sigkill(killed.id());
-    let _ = killed.wait();
+    crate::engine::sigkill(killed.pid());
+    killed.stop().await;
     let killed_at = Instant::now();
     let arrival = up
         .next(ttl * 2)
