@@ -150,3 +150,35 @@ fn errors_are_one_clear_line() {
         "{err}"
     );
 }
+
+/// A reader that closes the pipe early (`| head`) ends the command quietly: status 0 and no
+/// panic, as any Unix filter does.
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    use std::process::Stdio;
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(100);
+    for args in [
+        vec!["tokenize", "--text", text.as_str(), "--json"],
+        vec![
+            "generate",
+            "--prompt",
+            "Once upon a time",
+            "--max-tokens",
+            "8",
+        ],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice-engine"))
+            .args(&args)
+            .args(["--model", &model(), "--threads", "2"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run sluice-engine");
+        // The reader goes before a byte is read.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{}: {:?} {err}", args[0], out.status);
+        assert!(!err.contains("panicked"), "{}: {err}", args[0]);
+    }
+}

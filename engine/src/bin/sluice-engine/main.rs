@@ -2,6 +2,7 @@
 
 mod serve;
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -16,6 +17,14 @@ use sluice_engine::model::chat::{ChatMessage, ChatTemplate};
 use sluice_engine::model::gguf::GgufFile;
 use sluice_engine::model::tokenizer::Tokenizer;
 use sluice_engine::model::{default_model_path, Llama, ModelPart};
+
+/// `println!` that gives the write's error back instead of panicking: a reader that closed the
+/// pipe (`| head`) ends the command quietly ([`closed_stdout`]).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout(), $($arg)*)
+    };
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -205,9 +214,21 @@ fn main() {
         log.init();
     }
     if let Err(e) = run(Cli::parse()) {
+        if closed_stdout(&e) {
+            return;
+        }
         eprintln!("sluice-engine: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// Whether `e` is the reader of standard output having gone (`sluice-engine tokenize … | head`):
+/// as for any Unix filter, that ends the command without a word.
+fn closed_stdout(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -216,9 +237,9 @@ fn run(cli: Cli) -> Result<()> {
             let loaded = model.open()?;
             let tokens = loaded.tokenizer.encode(&text, true)?;
             if json {
-                println!("{}", json!({ "tokens": tokens }));
+                outln!("{}", json!({ "tokens": tokens }))?;
             } else {
-                println!("{tokens:?}");
+                outln!("{tokens:?}")?;
             }
         }
         Command::Generate(args) => {
@@ -257,15 +278,16 @@ fn run(cli: Cli) -> Result<()> {
 fn score_cmd<B: Backend>(llama: &Llama<B>, tokens: &[u32], json: bool) -> Result<()> {
     let scores = generate::score(llama, tokens)?;
     if json {
-        println!("{}", serde_json::to_string(&scores)?);
+        outln!("{}", serde_json::to_string(&scores)?)?;
     } else {
         for (i, p) in scores.positions.iter().enumerate() {
-            println!(
+            outln!(
                 "{i:>5} argmax {:>6} logprob(next) {:?}",
-                p.argmax, p.next_logprob
-            );
+                p.argmax,
+                p.next_logprob
+            )?;
         }
-        println!("perplexity {:?}", scores.perplexity);
+        outln!("perplexity {:?}", scores.perplexity)?;
     }
     Ok(())
 }
@@ -278,20 +300,22 @@ fn bench_cmd<B: Backend>(
 ) -> Result<()> {
     let report = bench::run(llama, cfg)?;
     if json {
-        println!("{}", serde_json::to_string(&report)?);
+        outln!("{}", serde_json::to_string(&report)?)?;
         return Ok(());
     }
     if report.backend == "cpu" {
         let simd = sluice_engine::backend::cpu::kernels::simd_level();
-        println!("backend cpu  simd {}", simd.name());
+        outln!("backend cpu  simd {}", simd.name())?;
     } else {
-        println!("backend {}", report.backend);
+        outln!("backend {}", report.backend)?;
     }
     for p in &report.prefill {
-        println!(
+        outln!(
             "threads {threads}  prefill pp{}: {:.1} tok/s ({:.2} s)",
-            p.tokens, p.tok_s, p.seconds
-        );
+            p.tokens,
+            p.tok_s,
+            p.seconds
+        )?;
     }
     for d in &report.decode {
         // At depth 0 the row reads as it always has (the comparison scripts parse it).
@@ -299,10 +323,13 @@ fn bench_cmd<B: Backend>(
             0 => String::new(),
             n => format!(" @ d{n}"),
         };
-        println!(
+        outln!(
             "decode tg{}{at} batch {}: {:.1} tok/s ({:.1} per sequence)",
-            cfg.decode_tokens, d.batch, d.tok_s, d.per_seq_tok_s
-        );
+            cfg.decode_tokens,
+            d.batch,
+            d.tok_s,
+            d.per_seq_tok_s
+        )?;
     }
     Ok(())
 }
@@ -326,18 +353,19 @@ fn generate_cmd<B: Backend>(loaded: &Loaded, llama: &Llama<B>, args: &GenerateAr
         stop: args.stop.clone(),
     };
     let stream = !args.json;
+    let mut written = Ok(());
     let out = generate::generate(llama, &loaded.tokenizer, &prompt_tokens, &params, |piece| {
-        if stream {
-            use std::io::Write;
-            print!("{piece}");
-            let _ = std::io::stdout().flush();
+        if stream && written.is_ok() {
+            let mut stdout = std::io::stdout();
+            written = write!(stdout, "{piece}").and_then(|()| stdout.flush());
         }
     })?;
+    written?;
     let prefill_tok_s = tokens_per_sec(prompt_tokens.len(), out.prefill_time);
     // The first token comes from the prefill; each later one from a decode step.
     let decode_tok_s = tokens_per_sec(out.tokens.len().saturating_sub(1), out.decode_time);
     if args.json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "prompt_tokens": prompt_tokens,
@@ -347,9 +375,9 @@ fn generate_cmd<B: Backend>(loaded: &Loaded, llama: &Llama<B>, args: &GenerateAr
                 "prefill_tok_s": prefill_tok_s,
                 "decode_tok_s": decode_tok_s,
             })
-        );
+        )?;
     } else {
-        println!();
+        outln!()?;
         eprintln!(
             "[{} prompt tokens at {prefill_tok_s:.1} tok/s, {} generated at {decode_tok_s:.1} tok/s, finish: {}]",
             prompt_tokens.len(),
