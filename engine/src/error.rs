@@ -97,3 +97,19 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic with no message".into())
 }
+
+/// Whether `e`, or an error under it, is standard output's reader having gone (`… | head`): the
+/// command lines (`sluice-engine`, `sluice`, `sluice-load`) then end quietly, as any Unix
+/// filter does, instead of reporting it (and `println!` would have panicked).
+pub fn is_closed_stdout(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}

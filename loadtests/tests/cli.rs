@@ -12,10 +12,10 @@ use common::{model_path, Fake, Kind, FIRST_CONTENT, KEY};
 use serde_json::Value;
 use sluice_loadtests::prompts::PromptBuilder;
 
-/// Runs the binary with `args` (plus the key, the model and a seed) off the async runtime.
-async fn cli(args: Vec<String>, model: &Path) -> Output {
+/// The binary with `args`, the key, the model and a seed.
+fn command(args: &[String], model: &Path) -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-load"));
-    cmd.args(&args)
+    cmd.args(args)
         .args([
             "--api-key",
             KEY,
@@ -26,6 +26,12 @@ async fn cli(args: Vec<String>, model: &Path) -> Output {
             "--model",
         ])
         .arg(model);
+    cmd
+}
+
+/// Runs [`command`] off the async runtime.
+async fn cli(args: Vec<String>, model: &Path) -> Output {
+    let mut cmd = command(&args, model);
     tokio::task::spawn_blocking(move || cmd.output().unwrap())
         .await
         .unwrap()
@@ -206,5 +212,35 @@ async fn calibrate_writes_the_admission_policy() {
         toml.contains("\nqueue_depth = ") && toml.contains("\nqueue_wait_max = \""),
         "{toml}"
     );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A reader of stdout that has gone (`sluice-load … | head`) stops the echo, not the run: the
+/// matrix still writes its document, and nothing panics.
+#[tokio::test]
+async fn a_closed_stdout_stops_the_echo_not_the_run() {
+    let Some(model) = model_path() else { return };
+    let fake = Fake::start(|_| Kind::Ok).await;
+    let dir = temp_dir("closed-stdout");
+    let doc = dir.join("capacity.md");
+    let mut list = args(&["matrix", "--engine", &fake.url(), "--scale", "0.05"]);
+    list.extend(args(&["--rows", "short-c4", "--out"]));
+    list.push(doc.display().to_string());
+    let mut cmd = command(&list, &model);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = tokio::task::spawn_blocking(move || {
+        let mut child = cmd.spawn().unwrap();
+        // The reader goes before a byte is read.
+        drop(child.stdout.take());
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    let (_, stderr) = text(&out);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let md = std::fs::read_to_string(&doc).unwrap();
+    assert!(md.contains("(short-c4) | engine | C=4 | 4/4"), "{md}");
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -45,7 +45,7 @@ pub async fn main(args: BenchArgs) -> Result<bool> {
     let ctx = common::context(&prompts, model.clone(), seed);
     eprintln!("sluice-load: {}, model {model:?}, seed {seed}", args.url);
     if !args.json {
-        println!("{}", report::table_header());
+        outln!("{}", report::table_header())?;
     }
     let mut any_ok = false;
     let mut base = 0;
@@ -72,17 +72,17 @@ pub async fn main(args: BenchArgs) -> Result<bool> {
                 let mut v = entry_json(&entry, false);
                 v["url"] = args.url.clone().into();
                 v["model"] = model.clone().into();
-                println!("{v}");
+                outln!("{v}")?;
             } else {
-                println!("{}", report::table_row(&entry));
+                outln!("{}", report::table_row(&entry))?;
             }
         }
     }
     if !args.json {
-        println!(
+        outln!(
             "(s; TTFT: send → first token; arr→end: arrival → last byte; latencies over \
              successful requests)"
-        );
+        )?;
     }
     Ok(any_ok)
 }

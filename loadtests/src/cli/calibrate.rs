@@ -93,14 +93,14 @@ pub async fn main(args: CalibrateArgs) -> Result<bool> {
     let ctx = common::context(&prompts, model, seed);
     let count = |c: usize| args.requests.unwrap_or((2 * c).max(8));
     let mut next_base = 0u64;
-    println!("{}", report::table_header());
+    outln!("{}", report::table_header())?;
 
     let mut levels = Vec::new();
     for &c in &args.concurrency {
         let r = row(&args.shape, Workload::Closed { concurrency: c }, count(c));
         let entry = measure(&r, &args.url, &target, &ctx, next_base, true).await?;
         next_base += count(c) as u64;
-        println!("{}", report::table_row(&entry));
+        outln!("{}", report::table_row(&entry))?;
         let over = entry.stats.ttft.p95.is_none_or(|t| t > args.ttft_p95);
         levels.push(Level {
             concurrency: c,
@@ -138,7 +138,7 @@ pub async fn main(args: CalibrateArgs) -> Result<bool> {
         )
         .await?;
         next_base += n as u64;
-        println!("{}", report::table_row(&entry));
+        outln!("{}", report::table_row(&entry))?;
         points.push(RatePoint {
             rate,
             stats: entry.stats,
@@ -156,7 +156,7 @@ pub async fn main(args: CalibrateArgs) -> Result<bool> {
         let r = row(&shape, Workload::Closed { concurrency: 1 }, 2);
         let entry = measure(&r, &args.url, &target, &ctx, next_base, true).await?;
         next_base += 2;
-        println!("{}", report::table_row(&entry));
+        outln!("{}", report::table_row(&entry))?;
         if let Some(t) = entry.stats.ttft.p50 {
             probes.push((p, t));
         }
@@ -167,7 +167,7 @@ pub async fn main(args: CalibrateArgs) -> Result<bool> {
         .collect();
     let mut toml = policy_toml(&cal, base_policy.as_deref());
     if let Some(cost) = fit_cost(&probes, &steps, args.ttft_p95) {
-        println!(
+        outln!(
             "cost model: prefill {} ms + {} ms/1K + {} ms/1K²; decode step {} ms + {} ms per \
              request; prefill_tokens_max = {}",
             cost.prefill_base_ms,
@@ -176,11 +176,11 @@ pub async fn main(args: CalibrateArgs) -> Result<bool> {
             cost.decode_base_ms,
             cost.decode_ms_per_seq,
             cost.prefill_tokens_max
-        );
+        )?;
         toml = with_cost(&toml, &cost);
     }
     std::fs::write(&args.out, &toml).with_context(|| args.out.display().to_string())?;
-    println!(
+    outln!(
         "\nTTFT p95 target {:.2} s{}: active_max = {}, queue_depth = {}, queue_wait_max = {} ms \
          (TTFT p95 {:.2} s at {:.2} req/s; arrivals up to {} met the target) → {}",
         cal.target,
@@ -193,6 +193,6 @@ pub async fn main(args: CalibrateArgs) -> Result<bool> {
         cal.max_rate
             .map_or_else(|| "none".into(), |r| format!("{r:.2} req/s")),
         args.out.display()
-    );
+    )?;
     Ok(cal.met)
 }

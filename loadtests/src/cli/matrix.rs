@@ -223,12 +223,12 @@ pub async fn main(args: MatrixArgs) -> Result<bool> {
         svg: Some(relative(doc_dir, &outputs.svg)),
         json: Some(relative(doc_dir, &outputs.json)),
     };
-    println!("{}", report::table_header());
+    outln!("{}", report::table_header())?;
     let mut entries = Vec::new();
     for (i, row) in rows.iter().enumerate() {
         for (name, target, ctx) in &targets {
             let entry = measure(row, name, target, ctx, i as u64 * 10_000_000, true).await?;
-            println!("{}  [{name}]", report::table_row(&entry));
+            outln!("{}  [{name}]", report::table_row(&entry))?;
             entries.push(entry);
         }
         info.when = format!(

@@ -160,9 +160,9 @@ pub async fn main(args: RunArgs) -> Result<bool> {
         v["url"] = args.url.clone().into();
         v["model"] = model.into();
         v["seed"] = seed.into();
-        println!("{v}");
+        outln!("{v}")?;
     } else {
-        println!("{}\n{}", report::table_header(), report::table_row(&entry));
+        outln!("{}\n{}", report::table_header(), report::table_row(&entry))?;
     }
     Ok(entry.stats.succeeded > 0)
 }

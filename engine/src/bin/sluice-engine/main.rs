@@ -19,7 +19,7 @@ use sluice_engine::model::tokenizer::Tokenizer;
 use sluice_engine::model::{default_model_path, Llama, ModelPart};
 
 /// `println!` that gives the write's error back instead of panicking: a reader that closed the
-/// pipe (`| head`) ends the command quietly ([`closed_stdout`]).
+/// pipe (`| head`) ends the command quietly ([`sluice_engine::error::is_closed_stdout`]).
 macro_rules! outln {
     ($($arg:tt)*) => {
         writeln!(std::io::stdout(), $($arg)*)
@@ -214,21 +214,12 @@ fn main() {
         log.init();
     }
     if let Err(e) = run(Cli::parse()) {
-        if closed_stdout(&e) {
+        if sluice_engine::error::is_closed_stdout(e.as_ref()) {
             return;
         }
         eprintln!("sluice-engine: {e:#}");
         std::process::exit(1);
     }
-}
-
-/// Whether `e` is the reader of standard output having gone (`sluice-engine tokenize … | head`):
-/// as for any Unix filter, that ends the command without a word.
-fn closed_stdout(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-    })
 }
 
 fn run(cli: Cli) -> Result<()> {

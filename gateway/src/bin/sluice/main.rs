@@ -60,6 +60,15 @@ enum PolicyCommand {
     },
 }
 
+/// `println!` without its panic when the reader of stdout has gone (`sluice policy check … |
+/// head -1`): the rest is dropped, and the exit status still says what was checked.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -73,9 +82,9 @@ fn main() -> ExitCode {
         Command::Certs(CertsCommand::Dev { dir }) => {
             match sluice_gateway::tls::generate_dev_certs(&dir) {
                 Ok(certs) => {
-                    println!("CA to trust: {}", certs.ca_cert.display());
-                    println!("certificate: {}", certs.cert.display());
-                    println!("key:         {}", certs.key.display());
+                    outln!("CA to trust: {}", certs.ca_cert.display());
+                    outln!("certificate: {}", certs.cert.display());
+                    outln!("key:         {}", certs.key.display());
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
@@ -102,14 +111,14 @@ fn main() -> ExitCode {
             };
             match checked {
                 Ok((p, changes)) => {
-                    println!("ok {}", p.sha256);
+                    outln!("ok {}", p.sha256);
                     for line in changes {
-                        println!("{line}");
+                        outln!("{line}");
                     }
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
-                    println!("{e}");
+                    outln!("{e}");
                     ExitCode::FAILURE
                 }
             }
