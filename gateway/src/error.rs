@@ -44,6 +44,10 @@ impl Unmeetable {
     }
 }
 
+/// What a `deadline_unmeetable` adds when its `Retry-After` is the line's cap.
+const LINE_FULL: &str = " at the earliest: the requests told to come back before this one fill \
+                          more than that (the server is over capacity)";
+
 /// `d` to the millisecond, for messages (`4.143s`, not `4.143046706s`).
 fn ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -102,7 +106,7 @@ pub enum GatewayError {
     },
     #[error("the server is at capacity ({} queue full); retry after {retry_after:?}", class.as_str())]
     Overloaded { class: Class, retry_after: Duration },
-    #[error("the {} TTFT deadline of {:?} cannot be met: {}; retry after {:?}", class.as_str(), ms(*deadline), why.explain(*predicted), ms(*retry_after))]
+    #[error("the {} TTFT deadline of {:?} cannot be met: {}; retry after {:?}{}", class.as_str(), ms(*deadline), why.explain(*predicted), ms(*retry_after), if *line_full { LINE_FULL } else { "" })]
     DeadlineUnmeetable {
         class: Class,
         /// Arrival → first token as the model predicts it, without the margin.
@@ -110,6 +114,9 @@ pub enum GatewayError {
         deadline: Duration,
         retry_after: Duration,
         why: Unmeetable,
+        /// The requests told to come back before it fill more than the longest wait the
+        /// gateway tells: `retry_after` is that cap, not when it would fit.
+        line_full: bool,
     },
     #[error("every engine replica is busy (it answered 503); retry after {retry_after:?}")]
     UpstreamBusy { retry_after: Duration },

@@ -101,6 +101,7 @@ fn every_condition_has_its_status_and_code() {
                 deadline: d,
                 retry_after: d,
                 why: Unmeetable::WouldDisplace,
+                line_full: false,
             },
             StatusCode::SERVICE_UNAVAILABLE,
             "deadline_unmeetable",
@@ -208,6 +209,7 @@ fn a_deadline_refusal_says_why() {
         deadline: Duration::from_secs(5),
         retry_after: Duration::from_millis(1130),
         why,
+        line_full: false,
     };
     let late = Unmeetable::Late {
         margin: Duration::ZERO,
@@ -231,4 +233,26 @@ fn a_deadline_refusal_says_why() {
          4.143s, but admitting it would make a request already waiting miss its own deadline; \
          retry after 1.13s"
     );
+}
+
+/// A `Retry-After` that is the line's cap, not a prediction, says so.
+#[test]
+fn a_refusal_at_the_lines_cap_says_it_is_one() {
+    let err = GatewayError::DeadlineUnmeetable {
+        class: Class::Interactive,
+        predicted: Duration::from_millis(9_000),
+        deadline: Duration::from_secs(5),
+        retry_after: Duration::from_secs(60),
+        why: Unmeetable::Late {
+            margin: Duration::ZERO,
+        },
+        line_full: true,
+    };
+    assert_eq!(
+        err.to_string(),
+        "the interactive TTFT deadline of 5s cannot be met: the predicted time to first token \
+         is 9s; retry after 60s at the earliest: the requests told to come back before this one \
+         fill more than that (the server is over capacity)"
+    );
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(60)));
 }

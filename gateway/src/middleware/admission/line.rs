@@ -23,11 +23,19 @@ impl ReturnLine {
 
     /// The wait to tell a request that would fit `wait` from now: no sooner than the line ahead
     /// is through (the line counted at most `longest` from now), after which it holds the line
-    /// for `holds`. A request that never comes back holds its place only that long.
-    pub fn place(&mut self, wait: Duration, holds: Duration, longest: Duration) -> Duration {
+    /// for `holds`. A request that never comes back holds its place only that long. Also
+    /// whether the line ahead was longer than `longest`: then the wait told is a cap, not a
+    /// prediction.
+    pub fn place(
+        &mut self,
+        wait: Duration,
+        holds: Duration,
+        longest: Duration,
+    ) -> (Duration, bool) {
         let now = Instant::now();
+        let full = self.until > now + longest && wait < longest;
         let back = (now + wait).max(self.until.min(now + longest));
         self.until = back + holds;
-        back - now
+        (back - now, full)
     }
 }

@@ -251,9 +251,14 @@ impl State {
     /// when it alone would fit (they came back together), 29% with the line. A client that
     /// never comes back holds its place only until its prefill would be over.
     pub(super) fn told_to_return(&mut self, mut err: GatewayError, prompt: usize) -> GatewayError {
-        if let GatewayError::DeadlineUnmeetable { retry_after, .. } = &mut err {
+        if let GatewayError::DeadlineUnmeetable {
+            retry_after,
+            line_full,
+            ..
+        } = &mut err
+        {
             let prefill = secs(self.model.prefill(prompt, 0));
-            *retry_after = self.returns.place(*retry_after, prefill, RETURN_LINE_MAX);
+            (*retry_after, *line_full) = self.returns.place(*retry_after, prefill, RETURN_LINE_MAX);
         }
         err
     }
@@ -505,6 +510,7 @@ fn unmeetable(
         deadline,
         retry_after: wait.max(Duration::from_secs(1)),
         why,
+        line_full: false,
     }
 }
 

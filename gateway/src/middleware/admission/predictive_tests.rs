@@ -92,11 +92,13 @@ async fn an_unmeetable_deadline_is_refused_at_once_with_retry_after() {
         retry_after,
         class,
         why,
+        line_full,
     } = err
     else {
         panic!("expected deadline_unmeetable, got {err:?}");
     };
     assert_eq!(class, Class::Interactive);
+    assert!(!line_full, "no one was told to come back before it");
     // No first token yet, so no lateness to allow for.
     let on_time = Unmeetable::Late {
         margin: Duration::ZERO,
@@ -590,13 +592,25 @@ async fn requests_refused_together_are_told_to_return_one_after_another() {
         .expect_err("refused");
     let wait = err.retry_after().expect("retry after");
     assert!((wait.as_secs_f64() - 1.25).abs() < 0.01, "{wait:?}");
-    // Under a long overload the line stops at a minute.
+    assert!(!err.to_string().contains("over capacity"), "{err}");
+    // Under a long overload the line stops at a minute, and the refusals past it say that the
+    // minute is a cap, not a prediction.
     let mut longest = Duration::ZERO;
-    for _ in 0..400 {
+    let mut capped = 0;
+    for i in 0..400 {
         let err = acquire(adm.clone(), ticket("g", 250))
             .await
             .expect_err("refused");
-        longest = longest.max(err.retry_after().expect("retry after"));
+        let wait = err.retry_after().expect("retry after");
+        longest = longest.max(wait);
+        let says = err.to_string().contains("at the earliest");
+        // Only a wait at the cap is one, and only once the line reached past it.
+        assert!(
+            !says || (wait == Duration::from_secs(60) && i > 0),
+            "{i}: {err}"
+        );
+        capped += usize::from(says);
     }
     assert_eq!(longest, Duration::from_secs(60));
+    assert!(capped > 100, "{capped} of 400 told the cap");
 }

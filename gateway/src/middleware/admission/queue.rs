@@ -677,7 +677,7 @@ impl State {
         let longest = self.limits.queue_wait_max.max(Duration::from_secs(1));
         let ahead = self.waiters.len() + 1;
         let retry_after = match (self.drain.time_for(ahead, now), self.drain.time_for(1, now)) {
-            (Some(wait), Some(each)) => self.sheds.place(wait, each, longest),
+            (Some(wait), Some(each)) => self.sheds.place(wait, each, longest).0,
             _ => self.limits.queue_wait_max,
         };
         let retry_after = retry_after.clamp(Duration::from_secs(1), longest);
