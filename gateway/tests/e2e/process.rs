@@ -20,7 +20,7 @@ const LISTENING: &str = "sluice: listening on http://";
 
 /// A running `sluice serve`; killed when dropped.
 pub struct ServeProcess {
-    pub child: Child,
+    child: Child,
     /// The address it bound.
     pub addr: SocketAddr,
     /// Its stderr, line by line, as it comes.
@@ -85,7 +85,7 @@ impl ServeProcess {
 }
 
 /// A child's stderr lines, as they come.
-pub fn collect_lines(stderr: ChildStderr) -> Arc<Mutex<Vec<String>>> {
+fn collect_lines(stderr: ChildStderr) -> Arc<Mutex<Vec<String>>> {
     let lines: Arc<Mutex<Vec<String>>> = Arc::default();
     let sink = lines.clone();
     tokio::spawn(async move {
