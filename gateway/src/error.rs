@@ -22,6 +22,9 @@ pub enum Unmeetable {
     Late { margin: Duration },
     /// Admitting it would make a request already waiting miss that request's own deadline.
     WouldDisplace,
+    /// Admitting it would take the room held for a request told to come back before it
+    /// (`crate::middleware::admission`'s holds), which would then miss its deadline.
+    Held,
 }
 
 impl Unmeetable {
@@ -39,6 +42,10 @@ impl Unmeetable {
             Self::WouldDisplace => format!(
                 "its predicted time to first token is {predicted:?}, but admitting it would make \
                  a request already waiting miss its own deadline"
+            ),
+            Self::Held => format!(
+                "its predicted time to first token is {predicted:?}, but its room is held for a \
+                 request told to come back before it"
             ),
         }
     }

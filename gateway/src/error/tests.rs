@@ -233,6 +233,12 @@ fn a_deadline_refusal_says_why() {
          4.143s, but admitting it would make a request already waiting miss its own deadline; \
          retry after 1.13s"
     );
+    assert_eq!(
+        refusal(4_143, Unmeetable::Held).to_string(),
+        "the interactive TTFT deadline of 5s cannot be met: its predicted time to first token is \
+         4.143s, but its room is held for a request told to come back before it; retry after \
+         1.13s"
+    );
 }
 
 /// A `Retry-After` that is the line's cap, not a prediction, says so.

@@ -126,6 +126,10 @@ pub struct Admission {
     /// Fairness between a class's tenants: the weight of an output token against a prompt
     /// token in each tenant's virtual token counter (the least served tenant goes first).
     pub fair_output_weight: f64,
+    /// Keep the room of each request told to come back by `deadline_unmeetable` until it does
+    /// (or lapses): later arrivals that would take it are refused. Off by default: it serves
+    /// more requests and more retries get in, but the ones that retry wait longer.
+    pub hold_for_returns: bool,
     /// The seed of the upstream's cost model (written by `sluice-load calibrate`).
     pub cost: Cost,
 }
@@ -183,6 +187,7 @@ impl Default for Admission {
             batch_ttft_deadline: Duration::from_secs(120),
             prefill_tokens_max: 8192,
             fair_output_weight: 2.0,
+            hold_for_returns: false,
             cost: Cost::default(),
         }
     }

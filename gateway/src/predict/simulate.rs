@@ -6,7 +6,8 @@
 //! order admission grants them, under the same rule ([`super::gate`]): one function answers
 //! both an arrival and a waiter's re-check, so the two agree unless the upstream turns out
 //! slower than the model. Time jumps from event to event, so a prediction costs a few dozen
-//! steps however long the outputs are.
+//! steps however long the outputs are. A waiter may join later than now (a request told to come
+//! back, [`Pending::ready`]): it is granted nothing before then, and its arrival is an event.
 
 use super::gate::{interactive_waiting, next_granted, Ask, Gate, Held, Place, Share};
 use super::model::CostModel;
@@ -36,6 +37,8 @@ pub struct Pending {
     /// Arrival order, and the waiter it yields to ([`Place`]).
     pub seq: u64,
     pub yields_to: Option<u64>,
+    /// Seconds from now until it is there to be granted (0: it waits now).
+    pub ready: f64,
 }
 
 /// A tenant in a class: its virtual token counter and the other tenants present beside it.
@@ -90,7 +93,7 @@ pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
     let mut t = 0.0;
     for _ in 0..STEPS_MAX {
         // Grants, as admission's dispatch makes them, while one may run.
-        while let Some(i) = next(&gate, &scene.groups, &counters, &run, &queue) {
+        while let Some(i) = next(&gate, &scene.groups, &counters, &run, &queue, t) {
             let (p, k) = queue.remove(i);
             grant(model, &mut run, &mut counters, p, k);
         }
@@ -110,27 +113,45 @@ pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
             run.retain(|s| s.r.output_left > 0.0);
             continue;
         }
+        // The next waiter to join later, if one.
+        let joins = queue
+            .iter()
+            .map(|(p, _)| p.ready)
+            .filter(|&r| r > t)
+            .fold(f64::INFINITY, f64::min);
         if run.is_empty() {
+            if !queue.iter().any(|(p, _)| p.ready <= t) {
+                // Nobody runs or waits yet: on to the next to join.
+                t = joins;
+                continue;
+            }
             // Nothing runs, yet no waiter may: the first in order runs alone.
-            let places: Vec<(Place, bool)> = queue
+            let there: Vec<usize> = (0..queue.len())
+                .filter(|&i| queue[i].0.ready <= t)
+                .collect();
+            let places: Vec<(Place, bool)> = there
                 .iter()
-                .map(|(p, _)| (place(p, &counters), true))
+                .map(|&i| (place(&queue[i].0, &counters), true))
                 .collect();
             let Some(i) = next_granted(&places) else {
                 break;
             };
-            let (p, k) = queue.remove(i);
+            let (p, k) = queue.remove(there[i]);
             grant(model, &mut run, &mut counters, p, k);
             continue;
         }
-        // Everyone decodes until the next one finishes.
-        let steps = run
+        // Everyone decodes until the next one finishes, or the next waiter joins.
+        let step = model.decode_step(run.len(), context_of(&run));
+        let mut steps = run
             .iter()
             .map(|s| s.r.output_left)
             .fold(f64::INFINITY, f64::min)
             .max(0.0)
             .ceil();
-        t += steps * model.decode_step(run.len(), context_of(&run));
+        if joins.is_finite() && step > 0.0 {
+            steps = steps.min(((joins - t) / step).ceil().max(1.0));
+        }
+        t += steps * step;
         for s in &mut run {
             s.r.output_left -= steps;
             s.r.prompt += steps as usize;
@@ -158,9 +179,13 @@ fn next(
     groups: &[Group],
     counters: &[f64],
     run: &[Slot],
-    queue: &[(Pending, usize)],
+    all: &[(Pending, usize)],
+    t: f64,
 ) -> Option<usize> {
     let prefilling = run.iter().filter(|s| s.r.prefill_left > 0.0);
+    // Who has not joined yet is not in the order (nor does it hold anyone back).
+    let queue: Vec<(Pending, usize)> = all.iter().copied().filter(|(p, _)| p.ready <= t).collect();
+    let queue = &queue[..];
     let order: Vec<Place> = queue.iter().map(|(p, _)| place(p, counters)).collect();
     let held = Held {
         active: run.len(),
@@ -189,7 +214,10 @@ fn next(
             (place, gate.admits(&held, &share, &ask))
         })
         .collect();
-    next_granted(&places)
+    let i = next_granted(&places)?;
+    // Back to an index into the whole queue.
+    let seq = queue[i].0.seq;
+    all.iter().position(|(p, _)| p.seq == seq)
 }
 
 fn grant(model: &CostModel, run: &mut Vec<Slot>, counters: &mut [f64], p: Pending, waiter: usize) {
@@ -257,6 +285,7 @@ mod tests {
             heavy: prompt > 4096,
             seq,
             yields_to: None,
+            ready: 0.0,
         }
     }
 
@@ -301,6 +330,34 @@ mod tests {
         let both = first_tokens(&model(), &scene(GATE, &full, &[me, pending(1, 200, 10.0)]));
         assert!(close(both[1], 0.5), "{both:?}");
         assert!(close(both[0], 0.3 + 0.2 + 0.09 + 1.0), "{both:?}");
+    }
+
+    #[test]
+    fn a_waiter_that_joins_later_is_granted_from_then_on() {
+        let later = |ready| Pending {
+            ready,
+            ..pending(0, 500, 10.0)
+        };
+        // An idle upstream: its 0.5 s prefill starts when it joins at 2 s.
+        assert!(close(last(GATE, &[], &[later(2.0)]), 2.5));
+        // A slot free beside a 1 s decode: it is granted when it joins (the decode step that
+        // is under way at 0.305 s ends at 0.31 s), not when the decode ends.
+        let decoding = [running(100, 0.0, 100.0)];
+        assert!(close(last(GATE, &decoding, &[later(0.305)]), 0.81));
+        // Both slots decoding, one free at 0.3 s. A waiter that joins at 0.1 s with the
+        // earlier place takes it (0.3 + 0.5 s); the one there now waits for the next finish
+        // (0.8 + 9 steps) and its 0.2 s prefill. Joining at 0.4 s, it comes too late.
+        let full = [running(100, 0.0, 30.0), running(100, 0.0, 80.0)];
+        let t = |ready| {
+            first_tokens(
+                &model(),
+                &scene(GATE, &full, &[later(ready), pending(1, 200, 10.0)]),
+            )
+        };
+        let early = t(0.1);
+        assert!(close(early[0], 0.8) && close(early[1], 1.09), "{early:?}");
+        let late = t(0.4);
+        assert!(close(late[1], 0.5), "{late:?}");
     }
 
     #[test]

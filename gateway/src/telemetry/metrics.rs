@@ -243,6 +243,11 @@ impl Metrics {
                 "The prefill-token budget in force.",
                 admission.prefill_tokens_max,
             ),
+            (
+                "sluice_admission_holds",
+                "Requests told to come back (deadline_unmeetable) whose room the prediction holds.",
+                admission.holds,
+            ),
         ];
         gauges_of(&mut out, &gauges);
         help(

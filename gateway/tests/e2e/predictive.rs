@@ -1,6 +1,6 @@
 //! Predictive admission against the real bundled engine: a cold model admits a short request
 //! and says what it predicts, the model refits from real streams, and a deadline the engine
-//! cannot meet is refused at once with `Retry-After`.
+//! cannot meet is refused at once with `Retry-After`, its room held until it comes back then.
 
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,9 @@ fn stream(content: &str, max_tokens: usize) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn predictive_admission_on_the_real_engine() {
     let _engine = crate::engine::exclusive().await;
-    let (sup, gw) = crate::engine::start(Policy::default(), Duration::from_secs(120)).await;
+    let mut policy = Policy::default();
+    policy.admission.hold_for_returns = true;
+    let (sup, gw) = crate::engine::start(policy, Duration::from_secs(120)).await;
     let c = gw.client();
 
     // Cold: a short request is admitted and carries its prediction.
@@ -95,8 +97,19 @@ async fn predictive_admission_on_the_real_engine() {
     let (status, headers, v) = strict.post("/v1/chat/completions", &stream("Hi", 4)).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
     assert_eq!(v["error"]["code"], "deadline_unmeetable", "{v}");
-    assert!(headers.contains_key("retry-after"));
     assert!(asked.elapsed() < Duration::from_secs(1), "refused at once");
+    // Its room is held until it comes back at the time it was told, without the strict
+    // deadline (the same tenant, prompt and max_tokens take the hold): then it is served.
+    assert_eq!(gw.app.admission.snapshot().holds, 1);
+    let told: u64 = headers["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    tokio::time::sleep(Duration::from_secs(told).saturating_sub(asked.elapsed())).await;
+    let (status, _, v) = c.post("/v1/chat/completions", &stream("Hi", 4)).await;
+    assert_eq!(status, StatusCode::OK, "back after {told} s: {v}");
+    assert_eq!(gw.app.admission.snapshot().holds, 0);
     let (status, _, v) = long.await.expect("long");
     assert_eq!(status, StatusCode::OK, "{v}");
 

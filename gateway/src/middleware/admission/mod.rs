@@ -16,6 +16,7 @@
 mod drain;
 mod fair;
 mod flight;
+mod hold;
 mod layer;
 mod line;
 mod predictive;

@@ -18,10 +18,14 @@
 //!   least-served tenant first) would push an admitted waiter past its deadline yields to it:
 //!   it waits behind every waiter up to that one. If it then misses its own deadline it is
 //!   refused; the waiter keeps what it was told.
+//! - **Holds** (`admission.hold_for_returns`). An arrival that would make a request told to come back miss its deadline (when
+//!   it returns at the time it was told) is refused: the room is that request's
+//!   ([`super::hold`]).
 //! - **A place in line for the refused.** A refusal's `Retry-After` is when the request would
 //!   fit, and also waits for the prefills of the requests told before it to come back
 //!   ([`State::told_to_return`]): a burst refused together is told to return one after another,
-//!   not all at once to find room for only some.
+//!   not all at once to find room for only some; until it comes back, it holds its room in
+//!   every prediction ([`super::hold`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -31,6 +35,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::flight::Flight;
+use super::hold::Hold;
 use super::queue::{State, Ticket, Waiter};
 use crate::error::{GatewayError, Unmeetable};
 use crate::policy::Class;
@@ -88,18 +93,25 @@ impl State {
     /// `arrival`'s, if one: the flights and the queue played forward
     /// ([`predict::first_tokens`]).
     pub(super) fn first_tokens(&self, arrival: Option<&Newcomer>) -> Vec<f64> {
-        self.play(arrival, &self.waiters)
+        self.play(arrival, &self.waiters, true)
     }
 
-    /// Seconds from now to the first token of a request granted now (behind the flights).
+    /// Seconds from now to the first token of a request granted now (behind the flights alone:
+    /// the prefill fit learns from what this predicts).
     fn first_token_granted(&self, granted: &Newcomer) -> f64 {
-        self.play(Some(granted), &VecDeque::new())
+        self.play(Some(granted), &VecDeque::new(), false)
             .last()
             .copied()
             .unwrap_or(0.0)
     }
 
-    fn play(&self, arrival: Option<&Newcomer>, waiters: &VecDeque<Waiter>) -> Vec<f64> {
+    /// The prediction of `waiters`, then of `arrival`, with the holds if `holds`.
+    fn play(
+        &self,
+        arrival: Option<&Newcomer>,
+        waiters: &VecDeque<Waiter>,
+        holds: bool,
+    ) -> Vec<f64> {
         let now = Instant::now();
         let mut groups = Groups::default();
         let mut flights: Vec<(&u64, &Flight)> = self.flights.iter().collect();
@@ -143,8 +155,28 @@ impl State {
                 heavy: w.heavy,
                 seq: w.id,
                 yields_to: w.yields_to,
+                ready: 0.0,
             })
             .collect();
+        // The requests told to come back, each joining at its time ([`super::hold`]): after
+        // the waiters, so that the answers stay in the waiters' order.
+        let holds = match holds {
+            true => self.live_holds(),
+            false => Vec::new(),
+        };
+        for h in holds {
+            let t = &h.ticket;
+            queue.push(Pending {
+                prompt: t.prompt_tokens,
+                output: self.expected_output(t.max_tokens),
+                group: groups.of(t.class, &t.tenant),
+                batch: t.class == Class::Batch,
+                heavy: t.prompt_tokens > self.limits.heavy_input_tokens,
+                seq: h.seq,
+                yields_to: None,
+                ready: h.back.saturating_duration_since(now).as_secs_f64(),
+            });
+        }
         if let Some(n) = arrival {
             queue.push(Pending {
                 prompt: n.ticket.prompt_tokens,
@@ -152,8 +184,9 @@ impl State {
                 group: groups.of(n.ticket.class, &n.ticket.tenant),
                 batch: n.ticket.class == Class::Batch,
                 heavy: n.heavy,
-                seq: self.next_id,
+                seq: n.seq,
                 yields_to: n.yields_to,
+                ready: 0.0,
             });
         }
         let scene = Scene {
@@ -201,13 +234,42 @@ impl State {
             .reduce(|x, y| if y.0 > x.0 { y } else { x })
     }
 
+    /// The first token (seconds from now, in `before`) of the last hold that meets its deadline
+    /// from its time in `before` but not in `after` ([`Self::first_tokens`] without and with an
+    /// arrival: the waiters', then the holds', then the arrival's).
+    fn held_from(&self, before: &[f64], after: &[f64]) -> Option<f64> {
+        let now = Instant::now();
+        let holds = self.live_holds();
+        let n = self.waiters.len();
+        // A hold that lapsed between the two predictions: no verdict from a misaligned pair.
+        if before.len() != n + holds.len() || after.len() != n + holds.len() + 1 {
+            return None;
+        }
+        holds
+            .iter()
+            .zip(before[n..].iter().zip(&after[n..]))
+            .filter(|(h, (b, a))| {
+                let ready = h.back.saturating_duration_since(now).as_secs_f64();
+                let d = self.deadline(&h.ticket).as_secs_f64();
+                **b - ready <= d && **a - ready > d
+            })
+            .map(|(_, (b, _))| *b)
+            .reduce(f64::max)
+    }
+
     /// An arrival's verdict: the deadline it is held to, its prediction, and the waiter it
     /// yields to; or `deadline_unmeetable`.
-    pub(super) fn judge(&self, ticket: &Ticket, heavy: bool) -> Result<Judged, GatewayError> {
+    pub(super) fn judge(
+        &self,
+        ticket: &Ticket,
+        heavy: bool,
+        seq: u64,
+    ) -> Result<Judged, GatewayError> {
         let deadline = self.deadline(ticket);
         let mut newcomer = Newcomer {
             ticket,
             heavy,
+            seq,
             yields_to: None,
         };
         let with = self.first_tokens(Some(&newcomer));
@@ -219,16 +281,28 @@ impl State {
             });
         }
         let before = self.first_tokens(None);
-        if let Some((to, first)) = self.pushed(&before, &with) {
+        let mut after = with;
+        if let Some((to, first)) = self.pushed(&before, &after) {
             // It would break a waiter's promise: it goes behind it, or is refused.
             newcomer.yields_to = Some(to);
-            let yielding = self.first_tokens(Some(&newcomer));
-            predicted = yielding.last().copied().unwrap_or(0.0);
-            if self.pushed(&before, &yielding).is_some() {
+            after = self.first_tokens(Some(&newcomer));
+            predicted = after.last().copied().unwrap_or(0.0);
+            if self.pushed(&before, &after).is_some() {
                 let wait = secs(first).max(Duration::from_secs(1));
                 let why = Unmeetable::WouldDisplace;
                 return Err(unmeetable(ticket, secs(predicted), deadline, wait, why));
             }
+        }
+        if let Some(first) = self.held_from(&before, &after) {
+            // It would take the room of a request told to come back: it comes after it.
+            let wait = secs(first).max(Duration::from_secs(1));
+            return Err(unmeetable(
+                ticket,
+                secs(predicted),
+                deadline,
+                wait,
+                Unmeetable::Held,
+            ));
         }
         let margin = secs(self.margin(predicted));
         let padded = secs(predicted) + margin;
@@ -250,17 +324,45 @@ impl State {
     /// tokens retrying as the OpenAI SDKs do got 15% of their retries in when each was told only
     /// when it alone would fit (they came back together), 29% with the line. A client that
     /// never comes back holds its place only until its prefill would be over.
-    pub(super) fn told_to_return(&mut self, mut err: GatewayError, prompt: usize) -> GatewayError {
+    ///
+    /// With `hold_for_returns` it then holds that room until it comes back ([`super::hold`]), in
+    /// place `seq` of the grant order if it had one (a waiter refused while queued, or a request that had come back) or
+    /// else in a new one.
+    pub(super) fn told_to_return(
+        &mut self,
+        mut err: GatewayError,
+        ticket: &Ticket,
+        seq: Option<u64>,
+    ) -> GatewayError {
         if let GatewayError::DeadlineUnmeetable {
             retry_after,
             line_full,
             ..
         } = &mut err
         {
-            let prefill = secs(self.model.prefill(prompt, 0));
+            let prefill = secs(self.model.prefill(ticket.prompt_tokens, 0));
             (*retry_after, *line_full) = self.returns.place(*retry_after, prefill, RETURN_LINE_MAX);
+            // When the client hears it: `Retry-After` is whole seconds, rounded up.
+            let told = Duration::from_secs(retry_after.as_secs_f64().ceil().max(1.0) as u64);
+            if self.limits.hold_for_returns {
+                let now = Instant::now();
+                let hold = Hold {
+                    seq: seq.unwrap_or_else(|| self.take_id()),
+                    ticket: ticket.clone(),
+                    back: now + told,
+                };
+                self.holds.keep(hold, self.limits.queue_depth, now);
+            }
         }
         err
+    }
+
+    /// The holds in force (none while `hold_for_returns` is off).
+    pub(super) fn live_holds(&self) -> Vec<&Hold> {
+        match self.limits.hold_for_returns {
+            true => self.holds.live(Instant::now()).collect(),
+            false => Vec::new(),
+        }
     }
 
     /// The first waiter (in queue order) whose prediction now misses its deadline, under the
@@ -324,6 +426,7 @@ impl State {
         let alone = Newcomer {
             ticket,
             heavy,
+            seq: self.next_id,
             yields_to: None,
         };
         // Granted now: behind the flights, before every waiter.
@@ -381,6 +484,7 @@ impl State {
             let alone = Newcomer {
                 ticket: &ticket,
                 heavy: f.heavy,
+                seq: self.next_id,
                 yields_to: None,
             };
             f.predicted_upstream = self.first_token_granted(&alone);
@@ -518,6 +622,8 @@ fn unmeetable(
 pub(super) struct Newcomer<'a> {
     pub ticket: &'a Ticket,
     pub heavy: bool,
+    /// Its place in arrival order.
+    pub seq: u64,
     pub yields_to: Option<u64>,
 }
 

@@ -33,6 +33,14 @@ fn limits(active_max: usize) -> Limits {
     }
 }
 
+/// `limits(active_max)` keeping the room of the requests told to come back.
+fn holding(active_max: usize) -> Limits {
+    Limits {
+        hold_for_returns: true,
+        ..limits(active_max)
+    }
+}
+
 fn ticket(tenant: &str, prompt: usize) -> Ticket {
     Ticket {
         tenant: Arc::from(tenant),
@@ -358,6 +366,7 @@ active_max = 1
 interactive_ttft_deadline = "3s"
 prefill_tokens_max = 4096
 fair_output_weight = 1.5
+hold_for_returns = true
 
 [admission.cost]
 prefill_base_ms = 0
@@ -370,6 +379,7 @@ refit = false
     let policy = crate::policy::load::parse(text).expect("valid");
     assert_eq!(policy.admission.prefill_tokens_max, 4096);
     assert_eq!(policy.admission.fair_output_weight, 1.5);
+    assert!(policy.admission.hold_for_returns);
     let limits = Limits::from(&policy.admission);
     assert_eq!(limits.cost, cost());
     let adm = Admission::new(limits.clone());
@@ -613,4 +623,111 @@ async fn requests_refused_together_are_told_to_return_one_after_another() {
     }
     assert_eq!(longest, Duration::from_secs(60));
     assert!(capped > 100, "{capped} of 400 told the cap");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_told_to_come_back_finds_its_room_held() {
+    // One slot, a 4K prompt in it: its prefill ends at 4 s with its first token, its other 49
+    // expected tokens at 4.49 s.
+    let adm = Admission::new(holding(1));
+    let long = acquire(adm.clone(), ticket("x", 4000)).await.expect("slot");
+    // 250 tokens at 0 s: first token at 4.74 s, 1.74 s past the 3 s deadline; told 2 s.
+    let err = acquire(adm.clone(), ticket("a", 250))
+        .await
+        .expect_err("refused");
+    let wait = err.retry_after().expect("retry after");
+    assert!((wait.as_secs_f64() - 1.74).abs() < 0.01, "{wait:?}");
+    assert_eq!(adm.snapshot().holds, 1);
+    // At 1.8 s another tenant's 250 tokens would meet the deadline alone (2.69 s to the slot,
+    // then its prefill: 2.94 s), but the refused request is due back at 2 s ahead of it (its
+    // prefill and decode come first): it is refused, not given the room.
+    tokio::time::advance(Duration::from_millis(1800)).await;
+    let err = acquire(adm.clone(), ticket("b", 250))
+        .await
+        .expect_err("the room is held");
+    assert!(
+        matches!(err, GatewayError::DeadlineUnmeetable { .. }),
+        "{err:?}"
+    );
+    // At 2 s a third tenant's request of the same size does not take the hold either.
+    tokio::time::advance(Duration::from_millis(200)).await;
+    acquire(adm.clone(), ticket("c", 250))
+        .await
+        .expect_err("not its hold");
+    // The request that was told comes back: it waits for the slot, predicted within its
+    // deadline (2.49 s left of the 4K prompt, then its own prefill).
+    let mut back = spawn(&adm, ticket("a", 250));
+    settle().await;
+    assert!(back.try_recv().is_err(), "queued, not refused");
+    drop(long);
+    let admitted = back.recv().await.expect("answered").expect("admitted");
+    // Its hold is taken; those of the two refused after it remain.
+    assert_eq!(adm.snapshot().holds, 2);
+    let p = admitted.permit.predicted().as_secs_f64();
+    assert!((p - 2.74).abs() < 0.01, "{p}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_holds_a_later_arrival_takes_the_room_a_refusal_was_told_of() {
+    // The test above with `hold_for_returns` off (the default): the arrival at 1.8 s meets its
+    // deadline and is queued, and the request told to come back at 2 s then misses.
+    let adm = Admission::new(limits(1));
+    let _long = acquire(adm.clone(), ticket("x", 4000)).await.expect("slot");
+    acquire(adm.clone(), ticket("a", 250))
+        .await
+        .expect_err("refused");
+    assert_eq!(adm.snapshot().holds, 0);
+    tokio::time::advance(Duration::from_millis(1800)).await;
+    let mut b = spawn(&adm, ticket("b", 250));
+    settle().await;
+    assert!(b.try_recv().is_err(), "queued, not refused");
+    tokio::time::advance(Duration::from_millis(200)).await;
+    acquire(adm.clone(), ticket("a", 250))
+        .await
+        .expect_err("its room was taken");
+    // Turned on by a reload, the next refusal holds its room.
+    adm.set_limits(holding(1));
+    acquire(adm.clone(), ticket("c", 250))
+        .await
+        .expect_err("refused");
+    assert_eq!(adm.snapshot().holds, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_arrival_that_would_take_a_held_room_is_refused_though_a_slot_is_free() {
+    // Two slots, a 4K prompt prefilling in one until 4 s (then 500 expected tokens, 5 s).
+    // 250 tokens at 0 s: 4.25 s, refused and told 1.25 s (2 s in whole seconds).
+    let adm = Admission::new(holding(2));
+    let long = Ticket {
+        max_tokens: 1000,
+        ..ticket("x", 4000)
+    };
+    let _long = acquire(adm.clone(), long).await.expect("slot");
+    acquire(adm.clone(), ticket("a", 250))
+        .await
+        .expect_err("refused");
+    // At 1.3 s another 250 tokens (200 expected out) would take the free slot and meet its
+    // deadline (2.95 s), but the request due back at 2 s would then find no slot until one of
+    // the two ends (4.94 s) and miss its own: the newcomer is refused, told to come after it.
+    tokio::time::advance(Duration::from_millis(1300)).await;
+    let b = Ticket {
+        max_tokens: 400,
+        ..ticket("b", 250)
+    };
+    let err = acquire(adm.clone(), b).await.expect_err("the room is held");
+    let GatewayError::DeadlineUnmeetable {
+        why, retry_after, ..
+    } = &err
+    else {
+        panic!("{err:?}");
+    };
+    assert_eq!(*why, Unmeetable::Held, "{err}");
+    assert!(*retry_after >= Duration::from_secs(2), "{err}");
+    // The request comes back at 2 s to the free slot: 2 s of the 4K prefill, then its own.
+    tokio::time::advance(Duration::from_millis(700)).await;
+    let a = acquire(adm.clone(), ticket("a", 250))
+        .await
+        .expect("its room");
+    let p = a.permit.predicted().as_secs_f64();
+    assert!((p - 2.25).abs() < 0.01, "{p}");
 }

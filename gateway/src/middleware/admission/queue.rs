@@ -37,6 +37,7 @@ use tokio::time::Instant;
 use super::drain::DrainRate;
 use super::fair::Fairness;
 use super::flight::Flight;
+use super::hold::Holds;
 use super::line::ReturnLine;
 use super::wait::RECHECK_EVERY;
 use crate::error::GatewayError;
@@ -58,6 +59,7 @@ pub struct Limits {
     pub batch_ttft_deadline: Duration,
     pub prefill_tokens_max: usize,
     pub fair_output_weight: f64,
+    pub hold_for_returns: bool,
     pub cost: Cost,
 }
 
@@ -74,6 +76,7 @@ impl From<&policy::Admission> for Limits {
             batch_ttft_deadline: a.batch_ttft_deadline,
             prefill_tokens_max: a.prefill_tokens_max,
             fair_output_weight: a.fair_output_weight,
+            hold_for_returns: a.hold_for_returns,
             cost: a.cost.clone(),
         }
     }
@@ -132,6 +135,8 @@ pub struct Snapshot {
     /// Prompt tokens admitted and not yet past their prefill, and the bound.
     pub prefill_tokens: usize,
     pub prefill_tokens_max: usize,
+    /// Requests told to come back whose room the prediction holds ([`super::hold`]).
+    pub holds: usize,
 }
 
 /// Shared admission state. Cheap to clone through `Arc`.
@@ -170,6 +175,9 @@ pub(super) struct State {
     /// The requests told to come back by `deadline_unmeetable`, each holding the line for its
     /// prefill ([`State::told_to_return`]).
     pub(super) returns: ReturnLine,
+    /// Room kept in the prediction for the requests told to come back by `deadline_unmeetable`
+    /// ([`super::hold`]).
+    pub(super) holds: Holds,
     /// The requests shed with a full queue (`overloaded`), each holding it for one departure.
     sheds: ReturnLine,
 }
@@ -336,6 +344,7 @@ impl Admission {
                 output_share: super::predictive::OUTPUT_SHARE_SEED,
                 swept: Instant::now(),
                 returns: ReturnLine::new(),
+                holds: Holds::default(),
                 sheds: ReturnLine::new(),
                 limits,
             }),
@@ -412,9 +421,15 @@ impl Admission {
         }
         let heavy = ticket.prompt_tokens > st.limits.heavy_input_tokens;
         st.backlogged(&ticket);
-        let judged = match st.judge(&ticket, heavy) {
+        // A request told to come back takes its place in the order again ([`super::hold`]).
+        let returning = match st.limits.hold_for_returns {
+            true => st.holds.take(&ticket, Instant::now()),
+            false => None,
+        };
+        let seq = returning.unwrap_or(st.next_id);
+        let judged = match st.judge(&ticket, heavy, seq) {
             Ok(judged) => judged,
-            Err(err) => return Err(st.told_to_return(err, ticket.prompt_tokens)),
+            Err(err) => return Err(st.told_to_return(err, &ticket, returning)),
         };
         let predicted = judged.predicted;
         st.fair.seen(ticket.class, &ticket.tenant);
@@ -440,8 +455,7 @@ impl Admission {
             }
         }
         let (tx, rx) = oneshot::channel();
-        let id = st.next_id;
-        st.next_id += 1;
+        let id = returning.unwrap_or_else(|| st.take_id());
         let arrived = Instant::now();
         st.waiters.push_back(Waiter {
             id,
@@ -484,7 +498,7 @@ impl Admission {
         // In queue order, predicted again after each refusal (the ones behind it may meet now).
         while let Some((i, err)) = st.first_missed() {
             if let Some(w) = st.waiters.remove(i) {
-                let err = st.told_to_return(err, w.ticket.prompt_tokens);
+                let err = st.told_to_return(err, &w.ticket, Some(w.id));
                 let _ = w.tx.send(Err(err));
             }
             refused = true;
@@ -544,6 +558,7 @@ impl Admission {
             queue_depth: st.limits.queue_depth,
             prefill_tokens: st.prefill_tokens,
             prefill_tokens_max: st.limits.prefill_tokens_max,
+            holds: st.live_holds().len(),
         }
     }
 }
@@ -606,8 +621,7 @@ impl State {
     ) -> Permit {
         self.active += 1;
         self.heavy_active += usize::from(heavy);
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = self.take_id();
         self.start_flight(id, ticket, heavy, arrived, predicted);
         Permit {
             admission: Some(admission.clone()),
@@ -622,6 +636,13 @@ impl State {
         self.active -= 1;
         self.end_flight(id);
         self.drain.record(Instant::now());
+    }
+
+    /// A new number in arrival order (waiters, grants and holds share it).
+    pub(super) fn take_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
     }
 
     /// Where a waiter stands in the grant order.
