@@ -18,14 +18,14 @@
 //!   least-served tenant first) would push an admitted waiter past its deadline yields to it:
 //!   it waits behind every waiter up to that one. If it then misses its own deadline it is
 //!   refused; the waiter keeps what it was told.
-//! - **Holds** (`admission.hold_for_returns`). An arrival that would make a request told to come back miss its deadline (when
-//!   it returns at the time it was told) is refused: the room is that request's
-//!   ([`super::hold`]).
+//! - **Holds** (`admission.hold_for_returns`, off by default). An arrival that would make a
+//!   request told to come back miss its deadline (when it returns at the time it was told) is
+//!   refused: the room is that request's ([`super::hold`]).
 //! - **A place in line for the refused.** A refusal's `Retry-After` is when the request would
 //!   fit, and also waits for the prefills of the requests told before it to come back
 //!   ([`State::told_to_return`]): a burst refused together is told to return one after another,
-//!   not all at once to find room for only some; until it comes back, it holds its room in
-//!   every prediction ([`super::hold`]).
+//!   not all at once to find room for only some; with holds on, it holds its room in every
+//!   prediction until it comes back.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -234,9 +234,10 @@ impl State {
             .reduce(|x, y| if y.0 > x.0 { y } else { x })
     }
 
-    /// The first token (seconds from now, in `before`) of the last hold that meets its deadline
-    /// from its time in `before` but not in `after` ([`Self::first_tokens`] without and with an
-    /// arrival: the waiters', then the holds', then the arrival's).
+    /// Among the holds that meet their deadline (counted from their time) in `before` but not
+    /// in `after`, the latest first token in `before`, in seconds from now; `None` if no hold
+    /// is pushed past its deadline. `before` and `after` are [`Self::first_tokens`] without and
+    /// with an arrival: the waiters', then the holds', then the arrival's.
     fn held_from(&self, before: &[f64], after: &[f64]) -> Option<f64> {
         let now = Instant::now();
         let holds = self.live_holds();
