@@ -318,17 +318,17 @@ impl State {
         })
     }
 
-    /// `err`'s `Retry-After` (a `deadline_unmeetable` for a request of `prompt` tokens) made a
-    /// place in line ([`super::line::ReturnLine`]): no sooner than the prefills of the requests told to come
+    /// `err`'s `Retry-After` (a `deadline_unmeetable` for `ticket`) made a place in line
+    /// ([`super::line::ReturnLine`]): no sooner than the prefills of the requests told to come
     /// back before it would be done, one after another (prefill is serial in the model), and
-    /// this one's added behind them. Measured on the bundled engine (docs/capacity.md): eight clients at 1K
-    /// tokens retrying as the OpenAI SDKs do got 15% of their retries in when each was told only
-    /// when it alone would fit (they came back together), 29% with the line. A client that
-    /// never comes back holds its place only until its prefill would be over.
+    /// this one's added behind them. Measured on the bundled engine (docs/capacity.md): eight
+    /// clients at 1K tokens retrying as the OpenAI SDKs do got 15% of their retries in when each
+    /// was told only when it alone would fit (they came back together), 29% with the line. A
+    /// client that never comes back holds its place only until its prefill would be over.
     ///
-    /// With `hold_for_returns` it then holds that room until it comes back ([`super::hold`]), in
-    /// place `seq` of the grant order if it had one (a waiter refused while queued, or a request that had come back) or
-    /// else in a new one.
+    /// With `hold_for_returns` it then holds that room until it comes back ([`super::hold`]),
+    /// in place `seq` of the grant order if it had one (a waiter refused while queued, or a
+    /// request that had come back) or else in a new one.
     pub(super) fn told_to_return(
         &mut self,
         mut err: GatewayError,
