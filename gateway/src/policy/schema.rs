@@ -127,8 +127,9 @@ pub struct Admission {
     /// token in each tenant's virtual token counter (the least served tenant goes first).
     pub fair_output_weight: f64,
     /// Keep the room of each request told to come back by `deadline_unmeetable` until it does
-    /// (or lapses): later arrivals that would take it are refused. Off by default: it serves
-    /// more requests and more retries get in, but the ones that retry wait longer.
+    /// (or lapses): later arrivals that would take it are refused. Off by default: under
+    /// independent arrivals it serves more requests and more retries get in, but the ones that
+    /// retry wait longer (docs/capacity.md).
     pub hold_for_returns: bool,
     /// The seed of the upstream's cost model (written by `sluice-load calibrate`).
     pub cost: Cost,
