@@ -120,15 +120,13 @@ pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
             .filter(|&r| r > t)
             .fold(f64::INFINITY, f64::min);
         if run.is_empty() {
-            if !queue.iter().any(|(p, _)| p.ready <= t) {
+            let there = joined(&queue, t);
+            if there.is_empty() {
                 // Nobody runs or waits yet: on to the next to join.
                 t = joins;
                 continue;
             }
             // Nothing runs, yet no waiter may: the first in order runs alone.
-            let there: Vec<usize> = (0..queue.len())
-                .filter(|&i| queue[i].0.ready <= t)
-                .collect();
             let places: Vec<(Place, bool)> = there
                 .iter()
                 .map(|&i| (place(&queue[i].0, &counters), true))
@@ -173,30 +171,40 @@ fn place(p: &Pending, counters: &[f64]) -> Place {
     }
 }
 
-/// The waiter granted next, under the rule admission's dispatch follows.
+/// The indices of the waiters in `queue` that have joined by `t`: who has not is not in the
+/// grant order yet (nor does it hold anyone back).
+fn joined(queue: &[(Pending, usize)], t: f64) -> Vec<usize> {
+    (0..queue.len())
+        .filter(|&i| queue[i].0.ready <= t)
+        .collect()
+}
+
+/// The waiter granted next (an index into `queue`), under the rule admission's dispatch follows.
 fn next(
     gate: &Gate,
     groups: &[Group],
     counters: &[f64],
     run: &[Slot],
-    all: &[(Pending, usize)],
+    queue: &[(Pending, usize)],
     t: f64,
 ) -> Option<usize> {
     let prefilling = run.iter().filter(|s| s.r.prefill_left > 0.0);
-    // Who has not joined yet is not in the order (nor does it hold anyone back).
-    let queue: Vec<(Pending, usize)> = all.iter().copied().filter(|(p, _)| p.ready <= t).collect();
-    let queue = &queue[..];
-    let order: Vec<Place> = queue.iter().map(|(p, _)| place(p, counters)).collect();
+    let there = joined(queue, t);
+    let order: Vec<Place> = there
+        .iter()
+        .map(|&i| place(&queue[i].0, counters))
+        .collect();
     let held = Held {
         active: run.len(),
         heavy_prefilling: prefilling.clone().filter(|s| s.r.heavy).count(),
         prefill_tokens: prefilling.map(|s| s.r.prompt).sum(),
         interactive_waiting: interactive_waiting(&order),
     };
-    let places: Vec<(Place, bool)> = queue
+    let places: Vec<(Place, bool)> = there
         .iter()
+        .map(|&i| &queue[i].0)
         .zip(order)
-        .map(|((p, _), place)| {
+        .map(|(p, place)| {
             let mine = run.iter().filter(|s| s.r.group == p.group);
             let share = Share {
                 others: groups[p.group].others,
@@ -214,10 +222,7 @@ fn next(
             (place, gate.admits(&held, &share, &ask))
         })
         .collect();
-    let i = next_granted(&places)?;
-    // Back to an index into the whole queue.
-    let seq = queue[i].0.seq;
-    all.iter().position(|(p, _)| p.seq == seq)
+    next_granted(&places).map(|i| there[i])
 }
 
 fn grant(model: &CostModel, run: &mut Vec<Slot>, counters: &mut [f64], p: Pending, waiter: usize) {
