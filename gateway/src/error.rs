@@ -55,6 +55,11 @@ impl Unmeetable {
 const LINE_FULL: &str = " at the earliest: the requests told to come back before this one fill \
                           more than that (the server is over capacity)";
 
+/// The `Retry-After` header's value for a wait of `after`: whole seconds, rounded up, at least 1.
+pub fn retry_after_secs(after: Duration) -> u64 {
+    after.as_secs_f64().ceil().max(1.0) as u64
+}
+
 /// `d` to the millisecond, for messages (`4.143s`, not `4.143046706s`).
 fn ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -345,8 +350,10 @@ impl GatewayError {
             HeaderValue::from_static("application/json"),
         );
         if let Some(after) = self.retry_after() {
-            let secs = after.as_secs_f64().ceil().max(1.0) as u64;
-            h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            h.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_secs(after)),
+            );
         }
         if let Self::MethodNotAllowed { allow, .. } = self {
             h.insert(header::ALLOW, HeaderValue::from_static(allow));

@@ -32,6 +32,13 @@ pub(super) struct Hold {
     pub back: Instant,
 }
 
+impl Hold {
+    /// Whether nobody took it in time: [`GRACE`] after its time has passed at `now`.
+    fn lapsed(&self, now: Instant) -> bool {
+        self.back + GRACE <= now
+    }
+}
+
 /// The holds not yet taken, oldest first.
 #[derive(Debug, Default)]
 pub(super) struct Holds {
@@ -62,11 +69,11 @@ impl Holds {
 
     /// The holds in force at `now`.
     pub fn live(&self, now: Instant) -> impl Iterator<Item = &Hold> {
-        self.list.iter().filter(move |h| h.back + GRACE > now)
+        self.list.iter().filter(move |h| !h.lapsed(now))
     }
 
     fn lapse(&mut self, now: Instant) {
-        self.list.retain(|h| h.back + GRACE > now);
+        self.list.retain(|h| !h.lapsed(now));
     }
 }
 

@@ -37,7 +37,7 @@ use tokio::time::Instant;
 use super::flight::Flight;
 use super::hold::Hold;
 use super::queue::{State, Ticket, Waiter};
-use crate::error::{GatewayError, Unmeetable};
+use crate::error::{retry_after_secs, GatewayError, Unmeetable};
 use crate::policy::Class;
 use crate::predict::{self, Gate, Group, Pair, Parameters, Pending, Point, Running, Scene};
 
@@ -343,9 +343,9 @@ impl State {
         {
             let prefill = secs(self.model.prefill(ticket.prompt_tokens, 0));
             (*retry_after, *line_full) = self.returns.place(*retry_after, prefill, RETURN_LINE_MAX);
-            // When the client hears it: `Retry-After` is whole seconds, rounded up.
-            let told = Duration::from_secs(retry_after.as_secs_f64().ceil().max(1.0) as u64);
             if self.limits.hold_for_returns {
+                // Back when the client is told: `Retry-After` in whole seconds.
+                let told = Duration::from_secs(retry_after_secs(*retry_after));
                 let now = Instant::now();
                 let hold = Hold {
                     seq: seq.unwrap_or_else(|| self.take_id()),
