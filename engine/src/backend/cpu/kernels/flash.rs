@@ -11,11 +11,11 @@
 //! - each query's softmax step: a block maximum above the running one rescales the query's running
 //!   sum and weighted sum of values by `exp(old - new)`; the weights `exp(score - max)`;
 //! - the weighted sum of values, two queries × 32 floats of their heads at a time in a full tile
-//!   (8 ymm of accumulators on AVX2; a decode row's few queries one at a time, 64 floats): each
-//!   value vector (widened once per tile into a scratch block) meets every query of the group.
-//!   Against one query of 64 floats a group in the full tile, this halves the value loads (two
-//!   FMAs a load), and a 4,096- and 8,192-position prefill's attention took 6–7% less time on
-//!   Zen 3.
+//!   (8 ymm of accumulators on AVX2): each value vector (widened once per tile into a scratch
+//!   block) meets every query of the group. Against one query of 64 floats a group, this halves
+//!   the value loads (two FMAs a load), and a 4,096- and 8,192-position prefill's attention took
+//!   6–7% less time on Zen 3. A decode row's 3 or 4 queries (a small tile) meet each value vector
+//!   all together, 16 floats of their heads at a time, widened in registers: no scratch.
 //!
 //! Keys and values are read from L3 once per tile instead of once per query row, and no scores are
 //! stored: the cost is that of two small matrix products per block.
@@ -114,8 +114,8 @@ const PV_QUERIES: usize = 2;
 const PV_CHUNK: usize = 2;
 /// A query left alone takes as many vectors at a time (the same 8 ymm).
 const LONE_CHUNK: usize = PV_QUERIES * PV_CHUNK;
-/// Most queries in a small tile (a decode row of a 3- or 4-head group), whose scratch costs
-/// little to set up.
+/// Most queries in a small tile (a decode row of a 3- or 4-head group): few enough to meet the
+/// values all at once, 16 floats of each at a time (at most 8 ymm of accumulators on AVX2).
 const SMALL_TILE: usize = 4;
 
 /// The call's rows in tiles of up to `TILE / heads` rows (at least one) × all heads (in groups
@@ -221,9 +221,6 @@ unsafe fn tile<V: F16x16, const NV: usize, const T: usize, const QK: usize>(
     let (qs, limit) = tile_queries::<T>(c, t);
     let (kp, vp) = (kv.k.as_ptr(), kv.v.as_ptr());
     let n_blocks = limit[nq - 1].div_ceil(BLOCK);
-    // Values: pairs of queries in a full tile; a decode row's few queries go one at a time (there
-    // the pairs' extra passes cost more than the loads they save).
-    let per_group = if T > SMALL_TILE { PV_QUERIES } else { 1 };
     // SAFETY (whole body): `V`'s features are the caller's promise; every key and value read
     // lies in a block of the sequence's table below the last query's limit, inside both caches
     // (checked by `attend_rows`); each query holds `hd` floats; scratch arrays are local.
@@ -273,14 +270,31 @@ unsafe fn tile<V: F16x16, const NV: usize, const T: usize, const QK: usize>(
                 e.store(w[i].as_mut_ptr());
             }
             // The block's values: past the tile's last position zeros (a cache slot not yet
-            // written may hold anything, and weighs 0). Widened once into `vals` when more than
-            // one group of queries reads them.
+            // written may hold anything, and weighs 0).
             let tile_live = (limit[nq - 1] - BLOCK * b).min(BLOCK);
             let src = Values {
                 values: vp.add(base),
                 tile_live,
             };
-            let widen = nq - first > per_group;
+            let n = nq - first;
+            if T <= SMALL_TILE && n > PV_QUERIES {
+                // A small tile's 3 or 4 queries (a decode row's heads) meet each value vector all
+                // together, widened in registers, one vector of their heads at a time (6 or 8
+                // ymm of accumulators). Widening into `vals` and one query at a time took 14-15%
+                // more of a decode row's time on Zen 3: the scratch's stores and reloads cost
+                // more than the widening they save.
+                let (w, acc) = (&w[first..], &mut acc[first..]);
+                with_group!(n, SMALL_TILE, G => {
+                    for j0 in 0..NV {
+                        // SAFETY: forwarded; `j0 < NV`.
+                        weigh::<V, NV, 1, G>(src, None, w, hd, j0, acc);
+                    }
+                }; 3 4);
+                continue;
+            }
+            // Otherwise pairs of queries, the values widened once into `vals` when more than one
+            // pair reads them.
+            let widen = n > PV_QUERIES;
             if widen {
                 for (p, row) in vals.iter_mut().enumerate() {
                     *row = src.row(p, hd);
@@ -289,7 +303,7 @@ unsafe fn tile<V: F16x16, const NV: usize, const T: usize, const QK: usize>(
             let wide = widen.then_some(&vals);
             let mut i = first;
             while i < nq {
-                let g = per_group.min(nq - i);
+                let g = PV_QUERIES.min(nq - i);
                 let (w, acc) = (&w[i..], &mut acc[i..]);
                 // SAFETY: forwarded; the chunks divide `NV` (2, 4 or 8).
                 if g == PV_QUERIES {
