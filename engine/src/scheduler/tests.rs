@@ -43,6 +43,7 @@ fn engine_with(
         max_batch_tokens,
         max_in_flight: 1,
         kv_blocks,
+        prefill_order: Default::default(),
     };
     let inbox = channel();
     let stage = Stage::new(model(), kv_blocks).unwrap();
@@ -378,6 +379,7 @@ fn a_waiting_request_whose_client_left_is_released_on_every_rank() {
         max_batch_tokens: 64,
         max_in_flight: 1,
         kv_blocks: 16,
+        prefill_order: Default::default(),
     };
     let tokenizer = Arc::new(toy_tokenizer());
     let mut sched = Scheduler::new(cfg, tokenizer.clone());
@@ -543,6 +545,17 @@ fn stop_strings_wait_for_min_tokens() {
     );
 }
 
+/// Sequence `id` of a `len`-token prompt and 4 output tokens, its events dropped.
+fn quiet_sequence(
+    tokenizer: &Arc<crate::model::tokenizer::Tokenizer>,
+    id: u64,
+    len: usize,
+) -> super::Sequence {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::mem::forget(rx);
+    super::Sequence::new(id, request(id as u32, len, 4), 0, tokenizer.clone(), tx)
+}
+
 /// A 10-block pool with Z running on 1 and two 8-block prompts waiting, scheduled in chunks of
 /// `max_batch_tokens` for `calls` calls after Z's: the scheduler's metrics then.
 fn two_long_prompts_behind_a_short_one(
@@ -554,14 +567,11 @@ fn two_long_prompts_behind_a_short_one(
         max_batch_tokens,
         max_in_flight: 3,
         kv_blocks: 10,
+        prefill_order: Default::default(),
     };
     let tokenizer = Arc::new(toy_tokenizer());
     let mut sched = Scheduler::new(cfg, tokenizer.clone());
-    let seq = |id: u64, len: usize| {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        std::mem::forget(rx);
-        super::Sequence::new(id, request(id as u32, len, 4), 0, tokenizer.clone(), tx)
-    };
+    let seq = |id: u64, len: usize| quiet_sequence(&tokenizer, id, len);
     sched.add(seq(1, 8));
     assert!(sched.schedule().is_some(), "Z's prefill");
     sched.add(seq(2, 8 * crate::kv::BLOCK_SIZE));
@@ -570,6 +580,39 @@ fn two_long_prompts_behind_a_short_one(
         assert!(sched.schedule().is_some(), "chunk {call}");
     }
     sched.metrics()
+}
+
+#[test]
+fn a_short_prompt_is_prefilled_ahead_of_a_long_one_already_prefilling() {
+    let cfg = SchedulerConfig {
+        max_running: 4,
+        max_batch_tokens: 32,
+        max_in_flight: 3,
+        kv_blocks: 64,
+        prefill_order: super::PrefillOrder::Shortest,
+    };
+    let tokenizer = Arc::new(toy_tokenizer());
+    let mut sched = Scheduler::new(cfg, tokenizer.clone());
+    let seq = |id: u64, len: usize| quiet_sequence(&tokenizer, id, len);
+    let chunks = |mb: super::MicroBatch| -> Vec<(u64, u32)> {
+        mb.forward.seqs.iter().map(|c| (c.seq, c.len)).collect()
+    };
+    sched.add(seq(1, 200));
+    assert_eq!(chunks(sched.schedule().expect("a chunk")), [(1, 32)]);
+    // The short prompt arrives while the long one prefills: all of it first, then the long
+    // one's next chunk with the rest of the budget.
+    sched.add(seq(2, 10));
+    assert_eq!(
+        chunks(sched.schedule().expect("a batch")),
+        [(2, 10), (1, 22)]
+    );
+    // Two more arrive: the shorter of them first, then the other, then the long one.
+    sched.add(seq(3, 12));
+    sched.add(seq(4, 5));
+    assert_eq!(
+        chunks(sched.schedule().expect("a batch")),
+        [(4, 5), (3, 12), (1, 15)]
+    );
 }
 
 #[test]
@@ -638,6 +681,7 @@ async fn through_pipeline(
         max_batch_tokens: 64,
         max_in_flight: 1,
         kv_blocks: 64,
+        prefill_order: Default::default(),
     };
     let ecfg = EngineConfig {
         model_id: "tiny".into(),

@@ -20,7 +20,9 @@ use sluice_engine::pipeline::launch::{
 use sluice_engine::pipeline::remote::{Peers, RemoteDriver};
 use sluice_engine::pipeline::worker::{run_rank, RankOptions};
 use sluice_engine::pipeline::{Driver, LayerSplit, LocalDriver, Stage};
-use sluice_engine::scheduler::{EngineConfig, EngineHandle, Input, Scheduler, SchedulerConfig};
+use sluice_engine::scheduler::{
+    EngineConfig, EngineHandle, Input, PrefillOrder, Scheduler, SchedulerConfig,
+};
 use sluice_engine::trace::otlp::{self, OtlpConfig, OtlpSettings};
 use sluice_engine::transport::rdma::RdmaConfig;
 use sluice_engine::transport::{DataTransport, DialOptions};
@@ -83,6 +85,12 @@ pub struct TransportArgs {
     /// Bytes per RDMA slot; a larger message takes several.
     #[arg(long, default_value_t = RdmaConfig::default().slot_bytes)]
     rdma_slot_bytes: u32,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum PrefillOrderArg {
+    Oldest,
+    Shortest,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,6 +207,11 @@ pub struct ServeArgs {
     /// Tokens per micro-batch (long prompts are prefilled in chunks of this size; at least 1).
     #[arg(long, default_value_t = 512, value_parser = at_least_one)]
     max_batch_tokens: usize,
+    /// The order prompts' prefill chunks take a micro-batch's budget in: `oldest` first, or
+    /// `shortest` (fewest tokens left) first, so that a short prompt does not wait out a long
+    /// one's prefill. The gateway's admission predicts the `oldest` order.
+    #[arg(long, value_enum, default_value_t = PrefillOrderArg::Oldest)]
+    prefill_order: PrefillOrderArg,
     /// Micro-batches in the pipeline at once (default: one per rank, so that every stage
     /// computes at once; when the ranks share this host's cores, as many as the cores can
     /// compute at once, cores / threads: more would add no compute and only split the batch).
@@ -384,6 +397,10 @@ pub fn serve(mut args: ServeArgs) -> Result<()> {
     let sched_cfg = SchedulerConfig {
         max_running: args.max_running,
         max_batch_tokens: args.max_batch_tokens,
+        prefill_order: match args.prefill_order {
+            PrefillOrderArg::Oldest => PrefillOrder::Oldest,
+            PrefillOrderArg::Shortest => PrefillOrder::Shortest,
+        },
         max_in_flight: args.micro_batches.map_or(
             if r.shared_cores {
                 (cores() / r.threads()).clamp(1, split.n_ranks())
