@@ -16,8 +16,7 @@
 # per tenant and run, the gateway's /metrics after each.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release}
-MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+source loadtests/bench/lib.sh
 OUT=${1:-${OUT:-loadtests/results/fairness}}
 DUR=${DUR:-120s}
 RATE=${RATE:-0.1}
@@ -30,18 +29,13 @@ GPORT=18622
 SHORT_KEY=sk-fairness-short
 LONG_KEY=sk-fairness-long
 mkdir -p "$OUT"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-
-wait_ok() { for _ in $(seq 1 240); do curl -sf "$1" >/dev/null && return 0; sleep 0.5; done; echo "no answer from $1" >&2; return 1; }
 sha() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
 
 # shellcheck disable=SC2086 # ENGINE_ARGS: more `sluice-engine serve` flags, split on spaces
 "$BIN/sluice-engine" serve --ranks 3 --listen 127.0.0.1:$EPORT --model "$MODEL" $ENGINE_ARGS \
   >"$OUT/engine.log" 2>&1 &
-pids+=($!)
-wait_ok http://127.0.0.1:$EPORT/health
+PIDS+=($!)
+wait_up http://127.0.0.1:$EPORT/health
 
 cat >"$OUT/policy.toml" <<TOML
 [server]
@@ -81,8 +75,8 @@ for round in $(seq 1 "$ROUNDS"); do
     echo "== round $round, $run ($(date -u +%T))" >&2
     "$BIN/sluice" serve --policy "$OUT/policy.toml" --plain-http --model "$MODEL" >"$OUT/gateway-$run-$round.log" 2>&1 &
     gw=$!
-    pids+=($gw)
-    wait_ok http://127.0.0.1:$GPORT/readyz
+    PIDS+=($gw)
+    wait_up http://127.0.0.1:$GPORT/readyz
     if [ $run = beside ]; then
       load $LONG_KEY 4k:64 "$long_rate" $((SEED + 1)) "$OUT/$run-$round-long.json" &
       long=$!

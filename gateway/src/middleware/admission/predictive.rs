@@ -148,14 +148,8 @@ impl State {
         let mut queue: Vec<Pending> = waiters
             .iter()
             .map(|w| Pending {
-                prompt: w.ticket.prompt_tokens,
-                output: self.expected_output(w.ticket.max_tokens),
-                group: groups.of(w.class, &w.ticket.tenant),
-                batch: w.class == Class::Batch,
-                heavy: w.heavy,
-                seq: w.id,
                 yields_to: w.yields_to,
-                ready: 0.0,
+                ..self.pending(&mut groups, &w.ticket, w.class, w.heavy, w.id)
             })
             .collect();
         // The requests told to come back, each joining at its time ([`super::hold`]): after
@@ -165,28 +159,17 @@ impl State {
             false => Vec::new(),
         };
         for h in holds {
-            let t = &h.ticket;
+            let (t, heavy) = (&h.ticket, self.limits.is_heavy(h.ticket.prompt_tokens));
             queue.push(Pending {
-                prompt: t.prompt_tokens,
-                output: self.expected_output(t.max_tokens),
-                group: groups.of(t.class, &t.tenant),
-                batch: t.class == Class::Batch,
-                heavy: t.prompt_tokens > self.limits.heavy_input_tokens,
-                seq: h.seq,
-                yields_to: None,
                 ready: h.back.saturating_duration_since(now).as_secs_f64(),
+                ..self.pending(&mut groups, t, t.class, heavy, h.seq)
             });
         }
         if let Some(n) = arrival {
+            let t = n.ticket;
             queue.push(Pending {
-                prompt: n.ticket.prompt_tokens,
-                output: self.expected_output(n.ticket.max_tokens),
-                group: groups.of(n.ticket.class, &n.ticket.tenant),
-                batch: n.ticket.class == Class::Batch,
-                heavy: n.heavy,
-                seq: n.seq,
                 yields_to: n.yields_to,
-                ready: 0.0,
+                ..self.pending(&mut groups, t, t.class, n.heavy, n.seq)
             });
         }
         let scene = Scene {
@@ -197,6 +180,28 @@ impl State {
             queue,
         };
         predict::first_tokens(&self.model, &scene)
+    }
+
+    /// `ticket`'s request in `class` as the prediction's queue takes it, at place `seq` in the
+    /// arrival order: waiting now, yielding to nobody.
+    fn pending(
+        &self,
+        groups: &mut Groups,
+        ticket: &Ticket,
+        class: Class,
+        heavy: bool,
+        seq: u64,
+    ) -> Pending {
+        Pending {
+            prompt: ticket.prompt_tokens,
+            output: self.expected_output(ticket.max_tokens),
+            group: groups.of(class, &ticket.tenant),
+            batch: class == Class::Batch,
+            heavy,
+            seq,
+            yields_to: None,
+            ready: 0.0,
+        }
     }
 
     /// The deadline `ticket` is held to under the limits in force.

@@ -83,6 +83,11 @@ impl From<&policy::Admission> for Limits {
 }
 
 impl Limits {
+    /// Whether a prompt of `prompt_tokens` takes the heavy lane.
+    pub fn is_heavy(&self, prompt_tokens: usize) -> bool {
+        prompt_tokens > self.heavy_input_tokens
+    }
+
     /// The policy's deadline for `class`.
     pub fn deadline(&self, class: Class) -> Duration {
         match class {
@@ -419,7 +424,7 @@ impl Admission {
             // Whoever time alone has let run since the last tick goes first.
             st.dispatch(self);
         }
-        let heavy = ticket.prompt_tokens > st.limits.heavy_input_tokens;
+        let heavy = st.limits.is_heavy(ticket.prompt_tokens);
         st.backlogged(&ticket);
         // A request told to come back takes its place in the order again ([`super::hold`]).
         let returning = match st.limits.hold_for_returns {
