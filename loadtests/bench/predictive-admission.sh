@@ -12,9 +12,8 @@
 # uptime.txt gets a line (setup, rate, time, load) after each run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release}
+source loadtests/bench/lib.sh
 ENGINE_BIN=${ENGINE_BIN:-$BIN/sluice-engine}
-MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 # The output directory: the argument, else $OUT (as the other bench scripts take it), else the
 # committed sweep's directory.
 OUT=${1:-${OUT:-loadtests/results/predictive}}
@@ -26,17 +25,12 @@ DEADLINE=${DEADLINE:-5s}
 EPORT=18611
 GPORT=18612
 mkdir -p "$OUT"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-
-wait_ok() { for _ in $(seq 1 240); do curl -sf "$1" >/dev/null && return 0; sleep 0.5; done; echo "no answer from $1" >&2; return 1; }
 
 "$ENGINE_BIN" serve --ranks 3 --listen 127.0.0.1:$EPORT --model "$MODEL" >"$OUT/engine.log" 2>&1 &
-pids+=($!)
-wait_ok http://127.0.0.1:$EPORT/health
+PIDS+=($!)
+wait_up http://127.0.0.1:$EPORT/health
 
-policy() { # $1: predictive true|false
+write_policy() { # $1: predictive true|false
   cat >"$OUT/policy.toml" <<TOML
 [server]
 listen = "127.0.0.1:$GPORT"
@@ -58,12 +52,12 @@ for setup in $SETUPS; do
   url=http://127.0.0.1:$EPORT
   gw=
   if [ "$setup" != engine ]; then
-    if [ "$setup" = count ]; then policy false; else policy true; fi
+    if [ "$setup" = count ]; then write_policy false; else write_policy true; fi
     "$BIN/sluice" serve --policy "$OUT/policy.toml" --plain-http --model "$MODEL" >"$OUT/gateway-$setup.log" 2>&1 &
     gw=$!
-    pids+=($gw)
+    PIDS+=($gw)
     url=http://127.0.0.1:$GPORT
-    wait_ok $url/readyz
+    wait_up $url/readyz
   fi
   for rate in $RATES; do
     echo "== $setup at $rate req/s for $DUR" >&2
