@@ -3,7 +3,8 @@
 //! Writes `gpu-check.json` to the directory it is given and prints one line per check; then the
 //! model-level checks (`backend::cuda::model_check`: the synthetic model on CPU and CUDA for 1
 //! and 3 ranks, and bench with and without graphs) into `gpu-check-model.json`, unless the
-//! second argument is `--kernels`.
+//! second argument is `--kernels`. With `--golden MODEL GOLDEN` instead, the bundled model on
+//! CUDA against llama.cpp's golden records (`backend::cuda::golden`), into `gpu-check-golden.json`.
 //!
 //! `cargo run --release -p sluice-engine --features cuda --example gpu_check -- OUT_DIR`
 //! (with `SLUICE_CUDA_PTX=target/cuda-ptx` where the machine's NVRTC is not 12.x).
@@ -333,12 +334,46 @@ fn rope_check(gpu: &Gpu, rng: &mut Rng, r: &mut Report) -> Result<()> {
     Ok(())
 }
 
+/// `--golden MODEL GOLDEN`: the bundled model on CUDA against llama.cpp's golden records
+/// (`backend::cuda::golden`), into `gpu-check-golden.json`.
+fn golden(out: &str, model: &str, records: &str) -> ExitCode {
+    if let Err(e) = sluice_engine::backend::cuda::probe::probe() {
+        eprintln!("gpu-check: {e}");
+        return ExitCode::FAILURE;
+    }
+    match sluice_engine::backend::cuda::golden::run(model.as_ref(), records.as_ref()) {
+        Ok((report, ok)) => {
+            let _ = std::fs::write(format!("{out}/gpu-check-golden.json"), report.to_string());
+            println!(
+                "gpu-check: golden checks {}; {out}/gpu-check-golden.json",
+                if ok { "passed" } else { "FAILED" }
+            );
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("gpu-check: golden checks: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let out = std::env::args()
-        .nth(1)
+    let args: Vec<String> = std::env::args().collect();
+    let out = args
+        .get(1)
+        .cloned()
         .or_else(|| std::env::var("OUT").ok())
         .unwrap_or_else(|| "target/gpu-check".into());
     let _ = std::fs::create_dir_all(&out);
+    if let [_, _, flag, model, records] = &args[..] {
+        if flag == "--golden" {
+            return golden(&out, model, records);
+        }
+    }
     let mut r = Report {
         checks: Vec::new(),
         timings: Vec::new(),
@@ -404,7 +439,7 @@ fn main() -> ExitCode {
     drop(gpu);
     // The model-level checks (synthetic model, CPU against CUDA, bench); `--kernels` skips them.
     let mut model_ok = true;
-    if std::env::args().nth(2).as_deref() != Some("--kernels") {
+    if args.get(2).map(String::as_str) != Some("--kernels") {
         match sluice_engine::backend::cuda::model_check::run(&std::env::temp_dir()) {
             Ok((report, ok)) => {
                 model_ok = ok;

@@ -13,7 +13,8 @@
 //! - `probe` (feature `cuda`): what `--device cuda` checks first.
 //! - `device`, `backend` (feature `cuda`): the loaded modules and their launchers; the backend.
 //! - [`crate::model::synthetic`]: a seeded GGUF with the bundled model's shapes; `model_check` (feature
-//!   `cuda`): the GPU check's model-level part, which runs it on both backends.
+//!   `cuda`): the GPU check's model-level part, which runs it on both backends; `golden` (feature
+//!   `cuda`): the bundled model itself on CUDA against llama.cpp's golden records.
 //!
 //! `make cuda-check` compiles every module for `compute_90` and `compute_80` with NVRTC from
 //! PyPI, assembles it for `sm_90` with `ptxas -v`, and fails on a spill or an error
@@ -26,6 +27,8 @@
 pub mod backend;
 #[cfg(feature = "cuda")]
 pub mod device;
+#[cfg(feature = "cuda")]
+pub mod golden;
 pub mod graphs;
 pub mod kernels;
 pub mod launch;

@@ -194,6 +194,43 @@ fn say(line: String) {
     println!("{line}");
 }
 
+/// The checks so far, and how many failed.
+#[derive(Default)]
+pub(super) struct Checks {
+    pub(super) list: Vec<Value>,
+    pub(super) failed: usize,
+}
+
+impl Checks {
+    /// Records one check, printing its line.
+    pub(super) fn check(&mut self, name: &str, ok: bool, detail: Value) {
+        say(format!(
+            "{:<4} {name:<44} {detail}",
+            if ok { "ok" } else { "FAIL" }
+        ));
+        self.failed += usize::from(!ok);
+        self.list
+            .push(json!({ "name": name, "pass": ok, "detail": detail }));
+    }
+
+    /// Runs one stage of checks: an error or a panic in it (a CUDA error surfaces as either)
+    /// fails the stage as a check of its own, and the next stage still runs, so one first run on
+    /// a GPU says as much as it can.
+    pub(super) fn stage(&mut self, name: &str, f: impl FnOnce(&mut Self) -> Result<()>) {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self)));
+        let failure = match outcome {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(panic) => panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic".into()),
+        };
+        self.check(&format!("{name}: ran to the end"), false, json!(failure));
+    }
+}
+
 /// Runs the model-level checks, writing the synthetic model into `dir` (a temporary directory:
 /// it is not a result); the JSON report and whether every check passed.
 pub fn run(dir: &Path) -> Result<(Value, bool)> {
@@ -219,61 +256,58 @@ pub fn run(dir: &Path) -> Result<(Value, bool)> {
     let cpu = Ranks::load(&gguf, 1, || Ok(CpuBackend::new(threads)))?;
     let want_one = cpu.greedy(&prompts[..1])?;
     let want_three = cpu.greedy(&prompts)?;
-    let mut checks = Vec::new();
-    let mut pass = true;
-    let mut check = |name: &str, ok: bool, detail: Value| {
-        say(format!(
-            "{:<4} {name:<44} {detail}",
-            if ok { "ok" } else { "FAIL" }
-        ));
-        pass &= ok;
-        checks.push(json!({ "name": name, "pass": ok, "detail": detail }));
-    };
+    let mut c = Checks::default();
     for ranks in [1, 3] {
-        let gpu = Ranks::load(&gguf, ranks, || CudaBackend::new(0, 64))?;
-        for (label, want, n) in [("1 sequence", &want_one, 1), ("3 batched", &want_three, 3)] {
-            let got = gpu.greedy(&prompts[..n])?;
-            let (rel, abs) = compare(&got.first, &want.first);
-            let tops: Vec<_> = got.first.chunks_exact(vocab).map(top5).collect();
-            let want_tops: Vec<_> = want.first.chunks_exact(vocab).map(top5).collect();
-            check(
-                &format!("{ranks} rank(s), {label}: first-step logits"),
-                rel <= LOGIT_BOUND && tops == want_tops,
-                json!({ "max_rel_to_range": rel, "max_abs": abs, "bound": LOGIT_BOUND,
-                        "top5": tops, "cpu_top5": want_tops }),
+        c.stage(&format!("{ranks} rank(s)"), |c| {
+            let gpu = Ranks::load(&gguf, ranks, || CudaBackend::new(0, 64))?;
+            for (label, want, n) in [("1 sequence", &want_one, 1), ("3 batched", &want_three, 3)] {
+                let got = gpu.greedy(&prompts[..n])?;
+                let (rel, abs) = compare(&got.first, &want.first);
+                let tops: Vec<_> = got.first.chunks_exact(vocab).map(top5).collect();
+                let want_tops: Vec<_> = want.first.chunks_exact(vocab).map(top5).collect();
+                c.check(
+                    &format!("{ranks} rank(s), {label}: first-step logits"),
+                    rel <= LOGIT_BOUND && tops == want_tops,
+                    json!({ "max_rel_to_range": rel, "max_abs": abs, "bound": LOGIT_BOUND,
+                            "top5": tops, "cpu_top5": want_tops }),
+                );
+                let div = first_divergence(&got.tokens, &want.tokens);
+                c.check(
+                    &format!("{ranks} rank(s), {label}: greedy {GREEDY} tokens"),
+                    div.is_none(),
+                    json!({ "first_divergence": div.map(|(s, i)| json!({"seq": s, "token": i})),
+                            "tokens": got.tokens, "cpu_tokens": want.tokens }),
+                );
+            }
+            let stats = gpu.parts[0].backend().graph_stats();
+            c.check(
+                &format!("{ranks} rank(s): decode steps replayed from graphs"),
+                stats.replays > 0 && stats.failures == 0,
+                json!(format!("{stats:?}")),
             );
-            let div = first_divergence(&got.tokens, &want.tokens);
-            check(
-                &format!("{ranks} rank(s), {label}: greedy {GREEDY} tokens"),
-                div.is_none(),
-                json!({ "first_divergence": div.map(|(s, i)| json!({"seq": s, "token": i})),
-                        "tokens": got.tokens, "cpu_tokens": want.tokens }),
-            );
-        }
-        let stats = gpu.parts[0].backend().graph_stats();
-        check(
-            &format!("{ranks} rank(s): decode steps replayed from graphs"),
-            stats.replays > 0 && stats.failures == 0,
-            json!(format!("{stats:?}")),
-        );
+            Ok(())
+        });
     }
     // Graphs off: the same tokens; bit-identical logits for one sequence (graph of 1, no
     // padding, the same split plan), within 1e-3 of the range for three (a graph of 4 splits the
     // KV as for 4 sequences, the eager step as for 3).
-    let on = Ranks::load(&gguf, 1, || CudaBackend::new(0, 64))?;
-    let off_cfg = GraphConfig { buckets: vec![] };
-    let off = Ranks::load(&gguf, 1, || {
-        CudaBackend::with_graphs(0, 64, off_cfg.clone())
-    })?;
-    for (n, exact) in [(1, true), (3, false)] {
-        let (a, b) = (on.greedy(&prompts[..n])?, off.greedy(&prompts[..n])?);
-        let (rel, abs) = compare(&a.last, &b.last);
-        check(
-            &format!("graphs on vs off, {n} sequence(s): last logits, tokens"),
-            a.tokens == b.tokens && if exact { abs == 0.0 } else { rel <= 1e-3 },
-            json!({ "max_abs": abs, "max_rel_to_range": rel, "exact": exact }),
-        );
-    }
+    c.stage("graphs on vs off", |c| {
+        let on = Ranks::load(&gguf, 1, || CudaBackend::new(0, 64))?;
+        let off_cfg = GraphConfig { buckets: vec![] };
+        let off = Ranks::load(&gguf, 1, || {
+            CudaBackend::with_graphs(0, 64, off_cfg.clone())
+        })?;
+        for (n, exact) in [(1, true), (3, false)] {
+            let (a, b) = (on.greedy(&prompts[..n])?, off.greedy(&prompts[..n])?);
+            let (rel, abs) = compare(&a.last, &b.last);
+            c.check(
+                &format!("graphs on vs off, {n} sequence(s): last logits, tokens"),
+                a.tokens == b.tokens && if exact { abs == 0.0 } else { rel <= 1e-3 },
+                json!({ "max_abs": abs, "max_rel_to_range": rel, "exact": exact }),
+            );
+        }
+        Ok(())
+    });
     let mut benches = Vec::new();
     // (label, buckets, prefill lengths, decode batches)
     let runs = [
@@ -287,35 +321,40 @@ pub fn run(dir: &Path) -> Result<(Value, bool)> {
         ),
     ];
     for (label, buckets, prefill, batches) in runs {
-        let cfg = GraphConfig { buckets };
-        let model = Llama::load(
-            gguf.clone(),
-            Arc::new(CudaBackend::with_graphs(0, 64, cfg)?),
-            ModelPart::full(SMOLLM2_135M.layers),
-        )?;
-        let bc = BenchConfig {
-            prefill_tokens: prefill,
-            decode_tokens: 128,
-            decode_batches: batches,
-            depths: vec![0],
-            repetitions: 3,
-        };
-        let report = bench::run(&model, &bc)?;
-        for p in &report.prefill {
-            say(format!(
-                "bench {label}: pp{} {:.0} tok/s ({:.3} s)",
-                p.tokens, p.tok_s, p.seconds
-            ));
-        }
-        for d in &report.decode {
-            say(format!(
-                "bench {label}: tg128 batch {} {:.0} tok/s ({:.0} per sequence)",
-                d.batch, d.tok_s, d.per_seq_tok_s
-            ));
-        }
-        let stats = model.backend().graph_stats();
-        say(format!("bench {label}: {stats:?}"));
-        benches.push(json!({ "label": label, "report": report, "graphs": format!("{stats:?}") }));
+        c.stage(&format!("bench {label}"), |_| {
+            let cfg = GraphConfig { buckets };
+            let model = Llama::load(
+                gguf.clone(),
+                Arc::new(CudaBackend::with_graphs(0, 64, cfg)?),
+                ModelPart::full(SMOLLM2_135M.layers),
+            )?;
+            let bc = BenchConfig {
+                prefill_tokens: prefill,
+                decode_tokens: 128,
+                decode_batches: batches,
+                depths: vec![0],
+                repetitions: 3,
+            };
+            let report = bench::run(&model, &bc)?;
+            for p in &report.prefill {
+                say(format!(
+                    "bench {label}: pp{} {:.0} tok/s ({:.3} s)",
+                    p.tokens, p.tok_s, p.seconds
+                ));
+            }
+            for d in &report.decode {
+                say(format!(
+                    "bench {label}: tg128 batch {} {:.0} tok/s ({:.0} per sequence)",
+                    d.batch, d.tok_s, d.per_seq_tok_s
+                ));
+            }
+            let stats = model.backend().graph_stats();
+            say(format!("bench {label}: {stats:?}"));
+            benches
+                .push(json!({ "label": label, "report": report, "graphs": format!("{stats:?}") }));
+            Ok(())
+        });
     }
-    Ok((json!({ "checks": checks, "bench": benches }), pass))
+    let pass = c.failed == 0;
+    Ok((json!({ "checks": c.list, "bench": benches }), pass))
 }
