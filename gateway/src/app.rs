@@ -52,13 +52,13 @@ pub struct App {
 impl App {
     /// An app whose admission limits start from the policy in force and follow its reloads.
     pub fn new(policy: Arc<PolicyStore>, upstream: Arc<dyn Upstream>, model: String) -> Self {
-        let admission = Admission::new(Limits::from(&policy.current().policy.admission));
+        let admission = Admission::new(Limits::from(&policy.current().policy));
         let policy_max_connections = policy.current().policy.server.max_connections;
         let mut changes = policy.subscribe();
         let follower = Arc::downgrade(&admission);
         tokio::spawn(async move {
             while changes.changed().await.is_ok() {
-                let limits = Limits::from(&changes.borrow_and_update().policy.admission);
+                let limits = Limits::from(&changes.borrow_and_update().policy);
                 match follower.upgrade() {
                     Some(admission) => admission.set_limits(limits),
                     None => break,

@@ -3,13 +3,15 @@
 # the rate of the other's 256-token prompts. The short tenant's TTFT p95 beside the long one,
 # against its value alone (target: within 1.5×).
 #
-#   DUR=120s RATE=0.1 DEADLINE=5s [ENGINE_ARGS="--prefill-order shortest"] \
+#   DUR=120s RATE=0.1 DEADLINE=5s ORDER=shortest [ENGINE_ARGS=...] \
 #     loadtests/bench/fairness.sh [OUT_DIR]
 #   python3 loadtests/bench/fairness-report.py OUT_DIR
 #
 # One bundled engine (`sluice-engine serve --ranks 3`), the gateway in front of it as an
 # `openai` upstream with two interactive tenants (`short`, `long`; the shipped admission
-# otherwise, the interactive TTFT deadline DEADLINE), started afresh for each run. Runs, each
+# otherwise, the interactive TTFT deadline DEADLINE; the engine's prefill order ORDER, `shortest`
+# as the bundled engine's or `oldest`, given to both the engine and the gateway's
+# `upstream.prefill_order`), started afresh for each run. Runs, each
 # ROUNDS times, alternating: `alone` (the short tenant only: `256:64` Poisson at RATE req/s)
 # and `beside` (the same arrivals, and the long tenant's `4k:64` Poisson at 3 × RATE). The
 # long tenant's load asks for more prefill than the engine does, so its queue fills. One JSON
@@ -23,6 +25,7 @@ RATE=${RATE:-0.1}
 DEADLINE=${DEADLINE:-5s}
 ROUNDS=${ROUNDS:-2}
 SEED=${SEED:-20261206}
+ORDER=${ORDER:-shortest}
 ENGINE_ARGS=${ENGINE_ARGS:-}
 EPORT=18621
 GPORT=18622
@@ -32,7 +35,7 @@ mkdir -p "$OUT"
 sha() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
 
 # shellcheck disable=SC2086 # ENGINE_ARGS: more `sluice-engine serve` flags, split on spaces
-"$BIN/sluice-engine" serve --ranks 3 --listen 127.0.0.1:$EPORT --model "$MODEL" $ENGINE_ARGS \
+"$BIN/sluice-engine" serve --ranks 3 --listen 127.0.0.1:$EPORT --model "$MODEL" --prefill-order "$ORDER" $ENGINE_ARGS \
   >"$OUT/engine.log" 2>&1 &
 PIDS+=($!)
 wait_up http://127.0.0.1:$EPORT/health
@@ -48,6 +51,7 @@ interactive_ttft_deadline = "$DEADLINE"
 kind = "openai"
 urls = ["http://127.0.0.1:$EPORT"]
 tokenizer = "$MODEL"
+prefill_order = "$ORDER"
 
 [[tenants]]
 name = "short"

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::SupervisorError;
+use crate::policy::Upstream;
 
 /// Environment variable naming the engine executable; it overrides the search next to the
 /// gateway's own executable.
@@ -28,6 +29,9 @@ pub struct BundledConfig {
     /// Generation defaults for requests that leave a field out: `--default-<flag> <value>`
     /// (the policy's `[upstream.sampling]`); a flag also in `extra_args` is left to it.
     pub defaults: Vec<(&'static str, String)>,
+    /// The order it prefills in (`--prefill-order`, the policy's `upstream.prefill_order`,
+    /// which the gateway's prediction plays); `None`: the engine's own.
+    pub prefill_order: Option<&'static str>,
     /// Arguments passed after the supervisor's own, e.g. `--threads 2`.
     pub extra_args: Vec<String>,
     /// Environment set for the engine on top of the gateway's own (its OTLP settings).
@@ -46,9 +50,26 @@ impl BundledConfig {
             ranks: 3,
             start_timeout: Duration::from_secs(120),
             defaults: Vec::new(),
+            prefill_order: None,
             extra_args: Vec::new(),
             env: Vec::new(),
             backoff: Backoff::default(),
+        }
+    }
+
+    /// As [`Self::new`], with what the policy's `[upstream]` sets of the engine's command line:
+    /// its ranks, start timeout, generation defaults and prefill order.
+    pub fn for_upstream(
+        engine_bin: impl Into<PathBuf>,
+        model: impl Into<PathBuf>,
+        upstream: &Upstream,
+    ) -> Self {
+        Self {
+            ranks: upstream.ranks,
+            start_timeout: upstream.start_timeout,
+            defaults: upstream.sampling.flags(),
+            prefill_order: Some(upstream.prefill_order().flag()),
+            ..Self::new(engine_bin, model)
         }
     }
 
@@ -97,6 +118,9 @@ impl BundledConfig {
             if !self.extra_args.iter().any(given) {
                 args.extend([flag, value.clone()]);
             }
+        }
+        if let Some(order) = self.prefill_order {
+            args.extend(["--prefill-order".to_owned(), order.to_owned()]);
         }
         args.extend(self.extra_args.iter().cloned());
         args

@@ -60,6 +60,14 @@ fn engine_command_line() {
         "serve --ranks 3 --listen 127.0.0.1:4321 --model /models/m.gguf --exit-with-parent \
          --exit-when-a-rank-exits --default-temperature 0.7 --default-top-k 5"
     );
+    // The policy's prefill order, which the prediction plays.
+    config.defaults.clear();
+    config.extra_args.clear();
+    config.prefill_order = Some("shortest");
+    assert!(config
+        .args(addr)
+        .join(" ")
+        .ends_with("--exit-when-a-rank-exits --prefill-order shortest"));
 }
 
 #[tokio::test]

@@ -59,6 +59,7 @@ restart_keys!(
     upstream.ca,
     upstream.tokenizer,
     upstream.model,
+    upstream.prefill_order,
     alerts.ca,
     traces.endpoint,
     traces.protocol,

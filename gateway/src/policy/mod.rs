@@ -26,7 +26,7 @@ pub use guard::Guard;
 pub use load::{check_file, check_reload, LoadedPolicy, PolicyError};
 pub use reload::{spawn_reloader, ReloadHandle};
 pub use schema::{
-    Admin, Admission, Alerts, Class, Cost, Limits, Policy, Server, Shared, SharedFail, Tenant,
-    Traces, Upstream, UpstreamKind,
+    Admin, Admission, Alerts, Class, Cost, Limits, Policy, PrefillOrder, Server, Shared,
+    SharedFail, Tenant, Traces, Upstream, UpstreamKind,
 };
 pub use store::{PolicyStore, Snapshot};

@@ -227,6 +227,11 @@ pub struct Upstream {
     /// its body) before the request is failed with `upstream_timeout`.
     #[serde(with = "super::duration")]
     pub idle_timeout: Duration,
+    /// The order the upstream gives its running prompts' prefill in, which the prediction of
+    /// time to first token plays (restart only: the bundled engine is started with it, as
+    /// `--prefill-order`). Unset: `shortest` for the bundled engine, `oldest` (first come,
+    /// first served, as vLLM's and SGLang's schedulers) for `openai`.
+    pub prefill_order: Option<PrefillOrder>,
     /// `openai`: a PEM CA bundle trusted for `https://` upstreams (default: the system's roots).
     pub ca: Option<PathBuf>,
     /// `openai`: the environment variable holding the upstream's API key (sent as
@@ -275,6 +280,7 @@ impl Default for Upstream {
             start_timeout: Duration::from_secs(120),
             sampling: SamplingDefaults::default(),
             idle_timeout: Duration::from_secs(300),
+            prefill_order: None,
             ca: None,
             api_key_env: None,
             models: BTreeMap::new(),
@@ -287,6 +293,38 @@ impl Default for Upstream {
             metrics_stale_after: Duration::from_secs(10),
             engine_waiting_max: 2,
             engine_kv_usage_max: 0.95,
+        }
+    }
+}
+
+impl Upstream {
+    /// The prefill order in force: the policy's, else the kind's own.
+    pub fn prefill_order(&self) -> PrefillOrder {
+        self.prefill_order.unwrap_or(match self.kind {
+            UpstreamKind::Bundled => PrefillOrder::Shortest,
+            UpstreamKind::Openai => PrefillOrder::Oldest,
+        })
+    }
+}
+
+/// The order in which an upstream prefills the prompts it runs (`upstream.prefill_order`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrefillOrder {
+    /// The oldest grant first: a short prompt waits out the rest of a long one's prefill.
+    #[default]
+    Oldest,
+    /// The least prefill left first, the oldest among equals: a short prompt goes ahead of
+    /// a long one already prefilling.
+    Shortest,
+}
+
+impl PrefillOrder {
+    /// The value of the bundled engine's `--prefill-order`.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::Oldest => "oldest",
+            Self::Shortest => "shortest",
         }
     }
 }

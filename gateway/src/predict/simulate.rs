@@ -1,7 +1,9 @@
 //! The prediction: the upstream played forward under the cost model until every waiter's first
 //! token.
 //!
-//! The running requests prefill one after another (oldest first), then decode together, one
+//! The running requests prefill one after another (in the upstream's order, [`PrefillOrder`]:
+//! the oldest first, or the least left first, so that a shorter prompt granted later goes ahead
+//! of a longer one's rest), then decode together, one
 //! token each per step, until one finishes and frees its slot; waiters are granted in the
 //! order admission grants them, under the same rule ([`super::gate`]): one function answers
 //! both an arrival and a waiter's re-check, so the two agree unless the upstream turns out
@@ -11,6 +13,7 @@
 
 use super::gate::{interactive_waiting, next_granted, Ask, Gate, Held, Place, Share};
 use super::model::CostModel;
+use crate::policy::PrefillOrder;
 
 /// A request holding a slot.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -53,6 +56,8 @@ pub struct Group {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Scene {
     pub gate: Gate,
+    /// The order the upstream prefills its running prompts in.
+    pub prefill_order: PrefillOrder,
     /// What an output token adds to its tenant's counter.
     pub output_weight: f64,
     pub groups: Vec<Group>,
@@ -100,8 +105,9 @@ pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
         if left == 0 {
             break;
         }
-        // The oldest prefill runs next; its first token is its first output token.
-        if let Some(i) = run.iter().position(|s| s.r.prefill_left > 0.0) {
+        // The prefill the upstream's order picks runs next, until the next event; its first
+        // token is its first output token.
+        if let Some(i) = prefill_next(scene.prefill_order, &run) {
             t += run[i].r.prefill_left;
             run[i].r.prefill_left = 0.0;
             if let Some(k) = run[i].waiter {
@@ -160,6 +166,21 @@ pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
     out.into_iter()
         .map(|v| if v.is_nan() { t } else { v })
         .collect()
+}
+
+/// The running request whose prefill runs next (an index into `run`, which is in grant order):
+/// the oldest, or the one with the least left (the oldest among equals).
+fn prefill_next(order: PrefillOrder, run: &[Slot]) -> Option<usize> {
+    let prefilling = run
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.r.prefill_left > 0.0);
+    match order {
+        PrefillOrder::Oldest => prefilling.map(|(i, _)| i).next(),
+        PrefillOrder::Shortest => prefilling
+            .min_by(|(i, a), (j, b)| (a.r.prefill_left.total_cmp(&b.r.prefill_left)).then(i.cmp(j)))
+            .map(|(i, _)| i),
+    }
 }
 
 fn place(p: &Pending, counters: &[f64]) -> Place {
@@ -297,6 +318,7 @@ mod tests {
     fn scene(gate: Gate, running: &[Running], queue: &[Pending]) -> Scene {
         Scene {
             gate,
+            prefill_order: PrefillOrder::Oldest,
             output_weight: 1.0,
             groups: vec![Group::default(); 2],
             running: running.to_vec(),
@@ -363,6 +385,27 @@ mod tests {
         assert!(close(early[0], 0.8) && close(early[1], 1.09), "{early:?}");
         let late = t(0.4);
         assert!(close(late[1], 0.5), "{late:?}");
+    }
+
+    #[test]
+    fn with_the_least_left_first_a_short_prefill_goes_ahead_of_a_long_one_under_way() {
+        let me = pending(9, 250, 10.0);
+        let long = [running(4000, 3.0, 50.0)];
+        let at = |order| {
+            let s = Scene {
+                prefill_order: order,
+                ..scene(GATE, &long, &[me, pending(10, 3500, 10.0)])
+            };
+            first_tokens(&model(), &s)
+        };
+        // Oldest first: behind the 3 s left, then the 3.5 s one behind both (1 slot left of 2:
+        // it waits for the first to end its decode).
+        let oldest = at(PrefillOrder::Oldest);
+        assert!(close(oldest[0], 3.25), "{oldest:?}");
+        // Least left first: the short one at once; the long one's 3 s go before the 3.5 s.
+        let shortest = at(PrefillOrder::Shortest);
+        assert!(close(shortest[0], 0.25), "{shortest:?}");
+        assert!(shortest[1] > 3.25 + 3.5 - 1e-9, "{shortest:?}");
     }
 
     #[test]

@@ -10,11 +10,12 @@ use sluice_gateway::policy::Policy;
 
 use crate::common::Gateway;
 
-/// Three ranks on the real model, ready; a ready engine that stays unhealthy (a rank died)
+/// Three ranks on the real model, started as the policy's `[upstream]` says, ready; a ready engine that stays unhealthy (a rank died)
 /// is restarted after `unhealthy_limit`.
 pub async fn start(policy: Policy, unhealthy_limit: Duration) -> (Arc<Supervisor>, Gateway) {
     let bin = BundledConfig::locate_engine_bin().unwrap_or_else(|e| panic!("{e}"));
-    let mut cfg = BundledConfig::new(bin, sluice_engine::model::default_model_path());
+    let model = sluice_engine::model::default_model_path();
+    let mut cfg = BundledConfig::for_upstream(bin, model, &policy.upstream);
     cfg.ranks = 3;
     cfg.start_timeout = unhealthy_limit;
     let sup = Arc::new(Supervisor::start(cfg).await.expect("engine"));

@@ -26,6 +26,9 @@ async fn predictive_admission_on_the_real_engine() {
     let _engine = crate::engine::exclusive().await;
     let mut policy = Policy::default();
     policy.admission.hold_for_returns = true;
+    // One slot: a short request cannot go ahead of the long prompt below (with more, it would
+    // prefill first, as the next test shows).
+    policy.admission.active_max = 1;
     let (sup, gw) = crate::engine::start(policy, Duration::from_secs(120)).await;
     let c = gw.client();
 
@@ -72,8 +75,8 @@ async fn predictive_admission_on_the_real_engine() {
     eprintln!("after 7 streams: median error {median:?}");
     assert!(median.is_some_and(|e| e.abs() <= 0.5), "{m}");
 
-    // A long prompt prefills; a short one asking for 1 ms cannot be served in time: refused
-    // at once, with a Retry-After, never queued.
+    // A long prompt holds the slot; a short one asking for 1 ms cannot be served in time:
+    // refused at once, with a Retry-After, never queued.
     let long_prompt = "the quick brown fox jumps over the lazy dog ".repeat(250);
     let long = {
         let c = c.clone();
@@ -82,16 +85,7 @@ async fn predictive_admission_on_the_real_engine() {
                 .await
         })
     };
-    assert!(
-        crate::common::eventually(Duration::from_secs(10), || gw
-            .app
-            .admission
-            .snapshot()
-            .prefill_tokens
-            > 1000)
-        .await,
-        "the long prompt is prefilling"
-    );
+    prefilling(&gw, 1000, "the long prompt is prefilling").await;
     let strict = c.clone().with_header("x-sluice-ttft-deadline-ms", "1");
     let asked = Instant::now();
     let (status, headers, v) = strict.post("/v1/chat/completions", &stream("Hi", 4)).await;
@@ -118,5 +112,84 @@ async fn predictive_admission_on_the_real_engine() {
     let (status, _, v) = bad.post("/v1/chat/completions", &stream("Hi", 4)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
     assert_eq!(v["error"]["param"], "x-sluice-ttft-deadline-ms");
+    crate::engine::stop(sup, gw).await;
+}
+
+/// Waits until more than `tokens` prompt tokens are admitted and not past their prefill.
+async fn prefilling(gw: &crate::common::Gateway, tokens: usize, what: &str) {
+    let admission = &gw.app.admission;
+    let seen = crate::common::eventually(Duration::from_secs(10), || {
+        admission.snapshot().prefill_tokens > tokens
+    });
+    assert!(seen.await, "{what}");
+}
+
+/// The first content event of a streamed answer: when it came (from `sent`), and the answer's
+/// predicted time to first token.
+async fn first_token(c: crate::common::Client, content: String) -> (Duration, u64) {
+    let sent = Instant::now();
+    let resp = c
+        .send("POST", "/v1/chat/completions", Some(&stream(&content, 4)))
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let predicted = resp.headers()["x-sluice-predicted-ttft-ms"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("ms");
+    let mut body = resp.into_body();
+    let mut seen = String::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.expect("frame").into_data() {
+            seen.push_str(&String::from_utf8_lossy(&data));
+            let content = |line: &str| {
+                let event: Value = serde_json::from_str(line.strip_prefix("data: ")?).ok()?;
+                let text = event["choices"][0]["delta"]["content"].as_str()?;
+                (!text.is_empty()).then_some(())
+            };
+            if seen.lines().any(|l| content(l).is_some()) {
+                let took = sent.elapsed();
+                while body.frame().await.is_some() {}
+                return (took, predicted);
+            }
+        }
+    }
+    panic!("no content in {seen}");
+}
+
+/// The shipped policy starts the bundled engine with the least prefill left first, and
+/// predicts that order: a short prompt sent while two long ones prefill (one chunk of each in
+/// the pipeline at once, so it cannot slip in beside them) is told, and gets, its first token
+/// before theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_prompt_goes_ahead_of_long_ones_prefilling_on_the_real_engine() {
+    let _engine = crate::engine::exclusive().await;
+    let (sup, gw) = crate::engine::start(Policy::default(), Duration::from_secs(120)).await;
+    let c = gw.client();
+    let started = Instant::now();
+    let long_prompt =
+        |word: &str| format!("{word} the quick brown fox jumps over the lazy dog ").repeat(300);
+    let longs: Vec<_> = ["one", "two"]
+        .into_iter()
+        .map(|w| tokio::spawn(first_token(c.clone(), long_prompt(w))))
+        .collect();
+    prefilling(&gw, 5000, "the long prompts are prefilling").await;
+    let asked = started.elapsed();
+    let (short, short_told) = first_token(c.clone(), "Hi".into()).await;
+    for long in longs {
+        let (long, long_told) = long.await.expect("long");
+        eprintln!(
+            "long: first token {long:?} (told {long_told} ms); short, sent {asked:?} later: \
+             {short:?} (told {short_told} ms)"
+        );
+        assert!(
+            asked + short < long,
+            "the short one's first token came first"
+        );
+        assert!(
+            asked + Duration::from_millis(short_told) < Duration::from_millis(long_told),
+            "and it was told so"
+        );
+    }
     crate::engine::stop(sup, gw).await;
 }

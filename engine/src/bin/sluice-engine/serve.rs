@@ -209,7 +209,8 @@ pub struct ServeArgs {
     max_batch_tokens: usize,
     /// The order prompts' prefill chunks take a micro-batch's budget in: `oldest` first, or
     /// `shortest` (fewest tokens left) first, so that a short prompt does not wait out a long
-    /// one's prefill. The gateway's admission predicts the `oldest` order.
+    /// one's prefill. The gateway passes its policy's `upstream.prefill_order` (`shortest` unless
+    /// set) and predicts that order.
     #[arg(long, value_enum, default_value_t = PrefillOrderArg::Oldest)]
     prefill_order: PrefillOrderArg,
     /// Micro-batches in the pipeline at once (default: one per rank, so that every stage

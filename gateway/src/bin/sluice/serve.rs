@@ -95,10 +95,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut supervisor = None;
     let upstream: Arc<dyn Upstream> = match policy.upstream.kind {
         UpstreamKind::Bundled => {
-            let mut cfg = BundledConfig::new(BundledConfig::locate_engine_bin()?, model.clone());
-            cfg.ranks = policy.upstream.ranks;
-            cfg.start_timeout = policy.upstream.start_timeout;
-            cfg.defaults = policy.upstream.sampling.flags();
+            if args
+                .engine_args
+                .iter()
+                .any(|a| a.starts_with("--prefill-order"))
+            {
+                // The gateway's prediction plays the policy's order: one source for both.
+                bail!("the engine's prefill order is the policy's upstream.prefill_order, not an engine argument");
+            }
+            let bin = BundledConfig::locate_engine_bin()?;
+            let mut cfg = BundledConfig::for_upstream(bin, model.clone(), &policy.upstream);
             cfg.extra_args = args.engine_args.clone();
             if let Some(o) = &otlp {
                 // The engine's spans join the gateway's traces, under their own service name.

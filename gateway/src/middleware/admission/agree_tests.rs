@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::predictive_tests::settle;
 use super::*;
 use crate::error::GatewayError;
-use crate::policy::{Class, Cost};
+use crate::policy::{Class, Cost, PrefillOrder};
 use crate::predict::CostModel;
 
 /// Prefill 1 s per 1K tokens; decode 10 ms a step plus 2 ms per sequence; no refit.
@@ -55,19 +55,26 @@ struct Grant {
     arrived: Instant,
 }
 
-/// An upstream that does what the cost model says: prefill one prompt at a time, oldest grant
-/// first, while decoding waits; then one decode step for every sequence, `decode_step(n)`
-/// long, until each has half its `max_tokens` of 100 (the output share admission expects). A
-/// grant cuts the step it arrives in short, as the model assumes.
-async fn upstream(mut grants: mpsc::UnboundedReceiver<Grant>, served: Arc<Mutex<Vec<Served>>>) {
+/// An upstream that does what the cost model says: prefill one prompt at a time in `order`
+/// (the oldest grant first, or the least left first: a grant with less prefill than the rest
+/// of the one under way takes over at once), while decoding waits; then one decode step for
+/// every sequence, `decode_step(n)` long, until each has half its `max_tokens` of 100 (the
+/// output share admission expects). A grant cuts the step it arrives in short, as the model
+/// assumes.
+async fn upstream(
+    order: PrefillOrder,
+    mut grants: mpsc::UnboundedReceiver<Grant>,
+    served: Arc<Mutex<Vec<Served>>>,
+) {
     const OUTPUT: usize = 50;
     let model = CostModel::new(&cost());
-    // (grant, tokens so far)
-    let mut run: Vec<(Grant, usize)> = Vec::new();
+    // (grant, prefill seconds left, tokens so far)
+    let mut run: Vec<(Grant, f64, usize)> = Vec::new();
     let mut open = true;
-    let take = |run: &mut Vec<(Grant, usize)>, g: Grant| {
-        let at = run.partition_point(|(r, _)| r.permit.id() < g.permit.id());
-        run.insert(at, (g, 0));
+    let take = |run: &mut Vec<(Grant, f64, usize)>, g: Grant| {
+        let at = run.partition_point(|(r, ..)| r.permit.id() < g.permit.id());
+        let prefill = model.prefill(g.prompt, 0);
+        run.insert(at, (g, prefill, 0));
     };
     loop {
         settle().await;
@@ -84,18 +91,36 @@ async fn upstream(mut grants: mpsc::UnboundedReceiver<Grant>, served: Arc<Mutex<
             }
             continue;
         }
-        if let Some(i) = run.iter().position(|(_, n)| *n == 0) {
-            let prompt = run[i].0.prompt;
-            tokio::time::sleep(Duration::from_secs_f64(model.prefill(prompt, 0))).await;
-            let (g, n) = &mut run[i];
-            g.permit.first_token();
-            g.permit.tokens(1);
-            *n = 1;
-            served.lock().unwrap().push(Served {
-                arrived: g.arrived,
-                first: Instant::now(),
-                predicted: g.permit.predicted(),
-            });
+        let prefilling = run.iter().enumerate().filter(|(_, (.., n))| *n == 0);
+        let next = match order {
+            PrefillOrder::Oldest => prefilling.map(|(i, _)| i).next(),
+            PrefillOrder::Shortest => prefilling
+                .min_by(|(i, (_, a, _)), (j, (_, b, _))| a.total_cmp(b).then(i.cmp(j)))
+                .map(|(i, _)| i),
+        };
+        if let Some(i) = next {
+            let began = Instant::now();
+            tokio::select! {
+                biased;
+                g = grants.recv(), if open => {
+                    run[i].1 -= began.elapsed().as_secs_f64();
+                    match g {
+                        Some(g) => take(&mut run, g),
+                        None => open = false,
+                    }
+                }
+                () = tokio::time::sleep(Duration::from_secs_f64(run[i].1)) => {
+                    let (g, left, n) = &mut run[i];
+                    g.permit.first_token();
+                    g.permit.tokens(1);
+                    (*left, *n) = (0.0, 1);
+                    served.lock().unwrap().push(Served {
+                        arrived: g.arrived,
+                        first: Instant::now(),
+                        predicted: g.permit.predicted(),
+                    });
+                }
+            }
             continue;
         }
         let step = Duration::from_secs_f64(model.decode_step(run.len(), 0));
@@ -106,11 +131,11 @@ async fn upstream(mut grants: mpsc::UnboundedReceiver<Grant>, served: Arc<Mutex<
                 None => open = false,
             },
             () = tokio::time::sleep(step) => {
-                for (g, n) in &mut run {
+                for (g, _, n) in &mut run {
                     g.permit.tokens(1);
                     *n += 1;
                 }
-                run.retain(|(_, n)| *n < OUTPUT);
+                run.retain(|(.., n)| *n < OUTPUT);
             }
         }
     }
@@ -150,13 +175,23 @@ fn ticket(prompt: usize) -> Ticket {
 
 #[tokio::test(start_paused = true)]
 async fn what_an_arrival_is_told_holds_while_it_waits() {
+    told_holds(PrefillOrder::Oldest).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_an_arrival_is_told_holds_when_the_least_prefill_left_goes_first() {
+    told_holds(PrefillOrder::Shortest).await;
+}
+
+async fn told_holds(prefill_order: PrefillOrder) {
     let adm = Admission::new(Limits {
         interactive_ttft_deadline: Duration::from_secs(30),
+        prefill_order,
         ..limits()
     });
     let (to, grants) = mpsc::unbounded_channel();
     let served = Arc::new(Mutex::new(Vec::new()));
-    let up = tokio::spawn(upstream(grants, served.clone()));
+    let up = tokio::spawn(upstream(prefill_order, grants, served.clone()));
     let refused = Arc::new(Mutex::new(Vec::new()));
     // A 4K prompt and seven short ones at once: four slots, the rest queued.
     let mut clients = vec![client(&adm, ticket(4000), &to, &refused)];
@@ -187,13 +222,28 @@ async fn what_an_arrival_is_told_holds_while_it_waits() {
     drop(to);
     up.await.expect("upstream");
     assert!(refused.lock().unwrap().is_empty());
-    // And the first tokens came when they were told, to the millisecond.
+    // And the first tokens came when they were told, to the millisecond; but with the least
+    // prefill left first, the 4K prompt (told 4 s, granted first) was overtaken by the three
+    // 250-token prompts granted after it: 0.75 s later than told. What a prompt is told on
+    // arrival cannot foresee shorter prompts granted during its prefill.
     let served = served.lock().unwrap();
     assert_eq!(served.len(), 8);
+    let overtaken = match prefill_order {
+        PrefillOrder::Oldest => 0.0,
+        PrefillOrder::Shortest => 0.75,
+    };
+    let mut late = Vec::new();
     for s in served.iter() {
         let actual = (s.first - s.arrived).as_secs_f64();
         let told = s.predicted.as_secs_f64();
-        assert!((actual - told).abs() < 0.001, "told {told}, came {actual}");
+        if (actual - told).abs() >= 0.001 {
+            late.push(actual - told);
+        }
+    }
+    match late[..] {
+        [] => assert_eq!(overtaken, 0.0),
+        [by] => assert!((by - overtaken).abs() < 0.001, "late by {by}"),
+        _ => panic!("late: {late:?}"),
     }
 }
 
@@ -212,10 +262,22 @@ impl Lcg {
 
 #[tokio::test(start_paused = true)]
 async fn no_waiter_is_refused_after_waiting_when_the_upstream_keeps_to_the_model() {
-    let adm = Admission::new(limits());
+    none_refused_after_waiting(PrefillOrder::Oldest).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_waiter_is_refused_after_waiting_when_the_least_prefill_left_goes_first() {
+    none_refused_after_waiting(PrefillOrder::Shortest).await;
+}
+
+async fn none_refused_after_waiting(prefill_order: PrefillOrder) {
+    let adm = Admission::new(Limits {
+        prefill_order,
+        ..limits()
+    });
     let (to, grants) = mpsc::unbounded_channel();
     let served = Arc::new(Mutex::new(Vec::new()));
-    let up = tokio::spawn(upstream(grants, served.clone()));
+    let up = tokio::spawn(upstream(prefill_order, grants, served.clone()));
     let refused = Arc::new(Mutex::new(Vec::new()));
     // The seed's mix, 90% 256, 5% 4K, 5% 8K prompts, Poisson at 1.5 req/s for 90 s: more
     // than the upstream serves (its prefill alone is ~0.9 s per request on average).

@@ -31,6 +31,9 @@ pub(super) struct Flight {
     /// Other flights' context (tokens) at the grant.
     pub context_at_grant: usize,
     pub first: Option<Instant>,
+    /// Seconds of the upstream's prefill time credited to it so far (`State::credit_prefill`:
+    /// the time goes to the prefill the upstream's order runs).
+    pub prefill_spent: f64,
     /// Flights and their context when the first token came.
     pub running_at_first: usize,
     pub context_at_first: usize,

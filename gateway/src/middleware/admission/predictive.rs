@@ -38,7 +38,7 @@ use super::flight::Flight;
 use super::hold::Hold;
 use super::queue::{State, Ticket, Waiter};
 use crate::error::{retry_after_secs, GatewayError, Unmeetable};
-use crate::policy::Class;
+use crate::policy::{Class, PrefillOrder};
 use crate::predict::{self, Gate, Group, Pair, Parameters, Pending, Point, Running, Scene};
 
 /// The output share assumed before any stream ended: half of `max_tokens` (low, so a cold
@@ -116,25 +116,22 @@ impl State {
         let mut groups = Groups::default();
         let mut flights: Vec<(&u64, &Flight)> = self.flights.iter().collect();
         flights.sort_by_key(|(id, f)| (f.granted, **id));
-        // Prefill is serial: the oldest one not past it has run since the later of its grant
-        // and the last prefill's end; the ones behind it have not started.
-        let mut started = false;
+        // Each prefill's time so far: what was credited to it, and for the one the upstream's
+        // order runs now, the time since the last credit.
+        let (now_running, uncredited) = (self.prefilling_now(), self.uncredited(now));
         let running: Vec<Running> = flights
             .into_iter()
-            .map(|(_, f)| {
-                let own = self.model.prefill(f.prompt, f.context_at_grant);
+            .map(|(id, f)| {
                 let prefill_left = match f.first {
                     Some(_) => 0.0,
-                    None if !started => {
-                        started = true;
-                        let from = f.upstream_from().max(self.prefill_ended);
-                        let spent = now.saturating_duration_since(from).as_secs_f64();
-                        let late = (spent - own).max(0.0);
-                        (own - spent)
-                            .max(PREFILL_OVERRUN_SHARE * late)
-                            .max(predict::PREFILL_LEFT_MIN)
+                    None => {
+                        let extra = if now_running == Some(*id) {
+                            uncredited
+                        } else {
+                            0.0
+                        };
+                        self.prefill_left(f, f.prefill_spent + extra)
                     }
-                    None => own,
                 };
                 Running {
                     prompt: f.context(),
@@ -174,12 +171,58 @@ impl State {
         }
         let scene = Scene {
             gate: self.gate(),
+            prefill_order: self.limits.prefill_order,
             output_weight: self.limits.fair_output_weight,
             groups: groups.resolve(self, arrival.map(|n| n.ticket)),
             running,
             queue,
         };
         predict::first_tokens(&self.model, &scene)
+    }
+
+    /// Seconds of prefill flight `f` has left after `spent` of it: the model's time less what
+    /// was spent, and once that is past, [`PREFILL_OVERRUN_SHARE`] of how late it is.
+    fn prefill_left(&self, f: &Flight, spent: f64) -> f64 {
+        let own = self.model.prefill(f.prompt, f.context_at_grant);
+        let late = (spent - own).max(0.0);
+        (own - spent)
+            .max(PREFILL_OVERRUN_SHARE * late)
+            .max(predict::PREFILL_LEFT_MIN)
+    }
+
+    /// The prefilling flight the upstream runs now under its prefill order: the oldest grant,
+    /// or the one with the least left (the oldest among equals). Prefill is taken as serial:
+    /// the others wait, or were set aside for a shorter one.
+    fn prefilling_now(&self) -> Option<u64> {
+        let prefilling = self.flights.iter().filter(|(_, f)| f.first.is_none());
+        let key = |(id, f): &(&u64, &Flight)| (f.granted, **id);
+        match self.limits.prefill_order {
+            PrefillOrder::Oldest => prefilling.min_by_key(key),
+            PrefillOrder::Shortest => prefilling.min_by(|a, b| {
+                let left = |(_, f): &(&u64, &Flight)| self.prefill_left(f, f.prefill_spent);
+                left(a).total_cmp(&left(b)).then(key(a).cmp(&key(b)))
+            }),
+        }
+        .map(|(id, _)| *id)
+    }
+
+    /// Seconds since the upstream's prefill time was last credited.
+    fn uncredited(&self, now: Instant) -> f64 {
+        now.saturating_duration_since(self.prefill_credited)
+            .as_secs_f64()
+    }
+
+    /// Credits the time since the last credit to the prefill the upstream runs now (none: it
+    /// was idle, or only decoding). Called before every change to the flights.
+    fn credit_prefill(&mut self, now: Instant) {
+        let spent = self.uncredited(now);
+        self.prefill_credited = now;
+        if let Some(f) = self
+            .prefilling_now()
+            .and_then(|id| self.flights.get_mut(&id))
+        {
+            f.prefill_spent += spent;
+        }
     }
 
     /// `ticket`'s request in `class` as the prediction's queue takes it, at place `seq` in the
@@ -429,6 +472,7 @@ impl State {
         predicted: Duration,
     ) {
         let now = Instant::now();
+        self.credit_prefill(now);
         let alone = Newcomer {
             ticket,
             heavy,
@@ -460,6 +504,7 @@ impl State {
                 own_prefill,
                 context_at_grant: context,
                 first: None,
+                prefill_spent: 0.0,
                 running_at_first: 0,
                 context_at_first: 0,
                 tokens: 0,
@@ -475,6 +520,7 @@ impl State {
     /// 2026-12-04 the time from the grant counted, and a wait at the shared ceiling or a 503
     /// retried by forward was learned as prefill. Ignored after the first token.
     pub(super) fn upstream_started(&mut self, id: u64) {
+        self.credit_prefill(Instant::now());
         let Some(mut f) = self.flights.remove(&id) else {
             return;
         };
@@ -497,6 +543,7 @@ impl State {
             f.context_at_grant = self.flights.values().map(Flight::context).sum();
             f.own_prefill = self.model.prefill(f.prompt, f.context_at_grant);
             f.started = Some(Instant::now());
+            f.prefill_spent = 0.0;
         }
         self.flights.insert(id, f);
     }
@@ -505,6 +552,7 @@ impl State {
     /// prefill fit learns.
     pub(super) fn first_token(&mut self, id: u64) -> Option<Pair> {
         let now = Instant::now();
+        self.credit_prefill(now);
         let running = self.flights.len();
         let context: usize = self.flights.values().map(Flight::context).sum();
         let f = self.flights.get_mut(&id)?;
@@ -512,7 +560,6 @@ impl State {
             return None;
         }
         f.first = Some(now);
-        self.prefill_ended = now;
         f.running_at_first = running;
         f.context_at_first = context - f.context();
         self.prefill_tokens -= f.prompt;
@@ -580,9 +627,9 @@ impl State {
 
     /// Flight `id` is gone without a word on its timing.
     pub(super) fn cancel_flight(&mut self, id: u64) -> Option<Flight> {
+        self.credit_prefill(Instant::now());
         let f = self.flights.remove(&id)?;
         if f.first.is_none() {
-            self.prefill_ended = Instant::now();
             self.prefill_tokens -= f.prompt;
             self.heavy_active -= usize::from(f.heavy);
             self.prefill_clock

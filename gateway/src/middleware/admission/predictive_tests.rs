@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 
 use super::*;
 use crate::error::{GatewayError, Unmeetable};
-use crate::policy::{Class, Cost};
+use crate::policy::{Class, Cost, PrefillOrder};
 
 /// Prefill 1 s per 1K tokens, decode 10 ms a step; refit off so the figures stay exact.
 fn cost() -> Cost {
@@ -84,6 +84,33 @@ async fn a_short_request_on_a_cold_model_is_admitted_with_its_prediction() {
     acquire(adm.clone(), Ticket::new(Class::Interactive, 8192))
         .await
         .expect("admitted alone");
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_the_least_prefill_left_first_a_short_prompt_goes_ahead_of_a_long_one() {
+    // The 4K prompt of the test below, prefilling for 1 s, on an upstream that runs the least
+    // prefill left first: a 250-token prompt is told 0.25 s, not 3.25 s (refused below).
+    let adm = Admission::new(Limits {
+        prefill_order: PrefillOrder::Shortest,
+        ..limits(4)
+    });
+    let told = |a: &Admitted| a.permit.predicted().as_secs_f64();
+    let long = acquire(adm.clone(), ticket("a", 4000)).await.expect("slot");
+    assert!((told(&long) - 4.0).abs() < 1e-3);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let b = acquire(adm.clone(), ticket("b", 250)).await.expect("slot");
+    assert!((told(&b) - 0.25).abs() < 1e-3, "{}", told(&b));
+    // 0.1 s later another: behind the 0.15 s left of the first, not the long one's 3 s.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let c = acquire(adm.clone(), ticket("c", 250)).await.expect("slot");
+    assert!((told(&c) - 0.4).abs() < 1e-3, "{}", told(&c));
+    // The first one's first token; a 2K prompt now has less left than the long one's 3 s (it
+    // has had only its first second) and goes ahead of it, behind the second's 0.25 s.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    b.permit.first_token();
+    let d = acquire(adm.clone(), ticket("d", 2000)).await.expect("slot");
+    assert!((told(&d) - 2.25).abs() < 1e-3, "{}", told(&d));
+    drop((long, c, d));
 }
 
 #[tokio::test(start_paused = true)]

@@ -41,7 +41,7 @@ use super::hold::Holds;
 use super::line::ReturnLine;
 use super::wait::RECHECK_EVERY;
 use crate::error::GatewayError;
-use crate::policy::{self, Class, Cost};
+use crate::policy::{self, Class, Cost, PrefillOrder};
 use crate::predict::{
     interactive_waiting, next_granted, Ask, CostModel, Held, History, Place, PrefillClock, Share,
 };
@@ -61,6 +61,8 @@ pub struct Limits {
     pub fair_output_weight: f64,
     pub hold_for_returns: bool,
     pub cost: Cost,
+    /// The upstream's prefill order, which the prediction plays.
+    pub prefill_order: PrefillOrder,
 }
 
 impl From<&policy::Admission> for Limits {
@@ -78,6 +80,17 @@ impl From<&policy::Admission> for Limits {
             fair_output_weight: a.fair_output_weight,
             hold_for_returns: a.hold_for_returns,
             cost: a.cost.clone(),
+            prefill_order: PrefillOrder::default(),
+        }
+    }
+}
+
+impl From<&policy::Policy> for Limits {
+    /// `[admission]`, and the upstream's prefill order.
+    fn from(p: &policy::Policy) -> Self {
+        Self {
+            prefill_order: p.upstream.prefill_order(),
+            ..Self::from(&p.admission)
         }
     }
 }
@@ -168,8 +181,9 @@ pub(super) struct State {
     /// Prompt tokens of the flights not yet past their prefill, and how long there were any.
     pub(super) prefill_tokens: usize,
     pub(super) prefill_clock: PrefillClock,
-    /// When the last prefill ended (or admission started): the oldest prefill runs from then.
-    pub(super) prefill_ended: Instant,
+    /// Until when the upstream's prefill time has been credited to the flights
+    /// ([`Flight::prefill_spent`], `State::credit_prefill`).
+    pub(super) prefill_credited: Instant,
     pub(super) fair: Fairness,
     pub(super) model: CostModel,
     pub(super) history: History,
@@ -342,7 +356,7 @@ impl Admission {
                 flights: HashMap::new(),
                 prefill_tokens: 0,
                 prefill_clock: PrefillClock::default(),
-                prefill_ended: Instant::now(),
+                prefill_credited: Instant::now(),
                 fair: Fairness::default(),
                 model: CostModel::new(&limits.cost),
                 history: History::default(),

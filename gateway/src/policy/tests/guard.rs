@@ -187,6 +187,28 @@ fn switching_the_upstream_kind_waits_for_a_restart_whole() {
 }
 
 #[test]
+fn the_prefill_order_waits_for_a_restart_and_follows_the_upstream_kind() {
+    use crate::middleware::admission::Limits;
+    use crate::policy::PrefillOrder;
+    // Unset: the bundled engine is started with shortest first, an openai upstream is taken as
+    // first come, first served; the admission's prediction plays the same.
+    let running = Policy::default();
+    assert_eq!(running.upstream.prefill_order(), PrefillOrder::Shortest);
+    assert_eq!(Limits::from(&running).prefill_order, PrefillOrder::Shortest);
+    let openai = policy("[upstream]\nkind = \"openai\"\nurls = [\"http://127.0.0.1:8000\"]\n");
+    assert_eq!(Limits::from(&openai).prefill_order, PrefillOrder::Oldest);
+    // The bundled engine has it from its command line: a reload holds it.
+    let new = policy("[upstream]\nprefill_order = \"oldest\"\n");
+    assert_eq!(new.upstream.prefill_order(), PrefillOrder::Oldest);
+    let a = on("127.0.0.1:8443").admit(&running, new).expect("admitted");
+    assert_eq!(a.restart_pending, vec!["upstream.prefill_order"]);
+    assert_eq!(
+        Limits::from(&a.policy).prefill_order,
+        PrefillOrder::Shortest
+    );
+}
+
+#[test]
 fn every_restart_key_is_documented_as_such() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/policy.md"))
         .expect("docs/policy.md");
