@@ -4,12 +4,15 @@
 # gateway with count-based admission only, (c) the gateway with predictive admission. One JSON
 # per setup and rate, plus the gateway's /ui/stats after each run (predicted vs actual TTFT).
 #
-#   RATES="0.3 0.6 1.0" DUR=45s DEADLINE=5s loadtests/bench/predictive-admission.sh [OUT_DIR]
+#   RATES="0.3 0.6 1.0" DUR=45s DEADLINE=5s [ORDER=oldest] \
+#     loadtests/bench/predictive-admission.sh [OUT_DIR]
 #   DEADLINE=5 python3 loadtests/bench/predictive-report.py loadtests/results/predictive
 #
 # Run it inside `flock /tmp/sluice-bench.lock` on a shared machine; one setup and rate per call
 # (SETUPS=predictive RATES=1.0) keeps each locked run to a few minutes, into the same OUT.
-# uptime.txt gets a line (setup, rate, time, load) after each run.
+# uptime.txt gets a line (setup, rate, time, load) after each run. ORDER is the engine's prefill
+# order, given to the engine and to the gateway's `upstream.prefill_order`: `shortest` (the
+# bundled engine's, as the gateway starts it) unless set; the runs before 2026-12-06 had `oldest`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source loadtests/bench/lib.sh
@@ -22,11 +25,13 @@ DUR=${DUR:-45s}
 SEED=${SEED:-20261201}
 SETUPS=${SETUPS:-"engine count predictive"}
 DEADLINE=${DEADLINE:-5s}
+ORDER=${ORDER:-shortest}
 EPORT=18611
 GPORT=18612
 mkdir -p "$OUT"
 
-"$ENGINE_BIN" serve --ranks 3 --listen 127.0.0.1:$EPORT --model "$MODEL" >"$OUT/engine.log" 2>&1 &
+"$ENGINE_BIN" serve --ranks 3 --listen 127.0.0.1:$EPORT --model "$MODEL" --prefill-order "$ORDER" \
+  >"$OUT/engine.log" 2>&1 &
 PIDS+=($!)
 wait_up http://127.0.0.1:$EPORT/health
 
@@ -45,6 +50,7 @@ $(if [ "$1" = false ]; then echo "prefill_tokens_max = 1000000"; fi)
 kind = "openai"
 urls = ["http://127.0.0.1:$EPORT"]
 tokenizer = "$MODEL"
+prefill_order = "$ORDER"
 TOML
 }
 
