@@ -3,8 +3,10 @@
 
     python3 loadtests/bench/fairness-report.py OUT_DIR
 
-One table row per run and tenant (served, refused and why, TTFT p50 / p95 of those served), then
-the short tenant's TTFT p95 beside against alone, by round and by the median of the rounds.
+One table row per run and tenant (served, refused and why, TTFT p50 / p95 of those served, and
+how many of them waited in the gateway's queue for a slot: the TTFT of those that did not is the
+engine's alone), then the short tenant's TTFT p95 beside against alone, by round and by the median
+of the rounds.
 """
 import glob
 import json
@@ -27,16 +29,24 @@ def main(out):
             continue
         run, rnd, tenant = m.group(1), int(m.group(2)), m.group(3)
         d = json.load(open(path))
-        ttft = [s["ttft_s"] for s in d["samples"] if s["outcome"] == "ok"]
+        served = [s for s in d["samples"] if s["outcome"] == "ok"]
+        ttft = [s["ttft_s"] for s in served]
+        queued = [s["queue_ms"] / 1000 for s in served if s["queue_ms"]]
+        unqueued = [s["ttft_s"] for s in served if not s["queue_ms"]]
         refused = {k: v for k, v in d["outcomes"].items() if k != "ok"}
-        rows.append((rnd, run, tenant, d["requests"], len(ttft), refused, pct(ttft, 50), pct(ttft, 95)))
+        rows.append((rnd, run, tenant, d["requests"], len(ttft), refused, pct(ttft, 50), pct(ttft, 95),
+                     queued, unqueued))
         if tenant == "short":
             p95[(rnd, run)] = pct(ttft, 95)
-    print("| round | run | tenant | requests | served | not served | TTFT p50 / p95 (s) |")
-    print("| ---: | --- | --- | ---: | ---: | --- | ---: |")
-    for rnd, run, tenant, n, ok, refused, p50, p95v in sorted(rows):
+    print("| round | run | tenant | requests | served | not served | TTFT p50 / p95 (s) "
+          "| queued for a slot: n, max wait (s) | not queued: TTFT p50 / max (s) |")
+    print("| ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: |")
+    for rnd, run, tenant, n, ok, refused, p50, p95v, queued, unqueued in sorted(rows):
         why = ", ".join(f"{k} {v}" for k, v in sorted(refused.items())) or "–"
-        print(f"| {rnd} | {run} | {tenant} | {n} | {ok} | {why} | {p50:.2f} / {p95v:.2f} |")
+        waits = f"{len(queued)}, {max(queued):.2f}" if queued else "0"
+        alone = f"{pct(unqueued, 50):.2f} / {max(unqueued):.2f}" if unqueued else "–"
+        print(f"| {rnd} | {run} | {tenant} | {n} | {ok} | {why} | {p50:.2f} / {p95v:.2f} "
+              f"| {waits} | {alone} |")
     ratios = []
     for rnd in sorted({r for r, _ in p95}):
         if (rnd, "alone") in p95 and (rnd, "beside") in p95:
