@@ -107,7 +107,7 @@ pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
         }
         // The prefill the upstream's order picks runs next, until the next event; its first
         // token is its first output token.
-        if let Some(i) = prefill_next(scene.prefill_order, &run) {
+        if let Some(i) = prefill_next(scene.prefill_order, run.iter().map(|s| s.r.prefill_left)) {
             t += run[i].r.prefill_left;
             run[i].r.prefill_left = 0.0;
             if let Some(k) = run[i].waiter {
@@ -168,19 +168,18 @@ pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
         .collect()
 }
 
-/// The running request whose prefill runs next (an index into `run`, which is in grant order):
-/// the oldest, or the one with the least left (the oldest among equals).
-fn prefill_next(order: PrefillOrder, run: &[Slot]) -> Option<usize> {
-    let prefilling = run
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.r.prefill_left > 0.0);
+/// Which of the requests holding slots, in grant order with `left` seconds of prefill each (0:
+/// past it), prefills next under `order`: the oldest with any left, or the one with the least
+/// (the oldest among equals). The simulation's rule, and the admission state's for the prefill
+/// under way, so that the two agree.
+pub fn prefill_next(order: PrefillOrder, left: impl IntoIterator<Item = f64>) -> Option<usize> {
+    let mut prefilling = left.into_iter().enumerate().filter(|&(_, l)| l > 0.0);
     match order {
-        PrefillOrder::Oldest => prefilling.map(|(i, _)| i).next(),
-        PrefillOrder::Shortest => prefilling
-            .min_by(|(i, a), (j, b)| (a.r.prefill_left.total_cmp(&b.r.prefill_left)).then(i.cmp(j)))
-            .map(|(i, _)| i),
+        PrefillOrder::Oldest => prefilling.next(),
+        // `min_by` keeps the first of equal elements: the oldest.
+        PrefillOrder::Shortest => prefilling.min_by(|(_, a), (_, b)| a.total_cmp(b)),
     }
+    .map(|(i, _)| i)
 }
 
 fn place(p: &Pending, counters: &[f64]) -> Place {

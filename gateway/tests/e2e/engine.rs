@@ -10,8 +10,8 @@ use sluice_gateway::policy::Policy;
 
 use crate::common::Gateway;
 
-/// Three ranks on the real model, started as the policy's `[upstream]` says, ready; a ready engine that stays unhealthy (a rank died)
-/// is restarted after `unhealthy_limit`.
+/// Three ranks on the real model, started as the policy's `[upstream]` says, ready; a ready
+/// engine that stays unhealthy (a rank died) is restarted after `unhealthy_limit`.
 pub async fn start(policy: Policy, unhealthy_limit: Duration) -> (Arc<Supervisor>, Gateway) {
     let bin = BundledConfig::locate_engine_bin().unwrap_or_else(|e| panic!("{e}"));
     let model = sluice_engine::model::default_model_path();

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
+use sluice_gateway::body::output;
 use sluice_gateway::policy::Policy;
 
 fn metric(text: &str, series: &str) -> Option<f64> {
@@ -137,24 +138,19 @@ async fn first_token(c: crate::common::Client, content: String) -> (Duration, u6
         .expect("ascii")
         .parse()
         .expect("ms");
+    // The gateway's own test of an event with output (the role event before the prefill has
+    // none).
     let mut body = resp.into_body();
-    let mut seen = String::new();
     while let Some(frame) = body.frame().await {
         if let Ok(data) = frame.expect("frame").into_data() {
-            seen.push_str(&String::from_utf8_lossy(&data));
-            let content = |line: &str| {
-                let event: Value = serde_json::from_str(line.strip_prefix("data: ")?).ok()?;
-                let text = event["choices"][0]["delta"]["content"].as_str()?;
-                (!text.is_empty()).then_some(())
-            };
-            if seen.lines().any(|l| content(l).is_some()) {
+            if output::scan(&data).tokens > 0 {
                 let took = sent.elapsed();
                 while body.frame().await.is_some() {}
                 return (took, predicted);
             }
         }
     }
-    panic!("no content in {seen}");
+    panic!("the stream ended without output");
 }
 
 /// The shipped policy starts the bundled engine with the least prefill left first, and

@@ -38,7 +38,7 @@ use super::flight::Flight;
 use super::hold::Hold;
 use super::queue::{State, Ticket, Waiter};
 use crate::error::{retry_after_secs, GatewayError, Unmeetable};
-use crate::policy::{Class, PrefillOrder};
+use crate::policy::Class;
 use crate::predict::{self, Gate, Group, Pair, Parameters, Pending, Point, Running, Scene};
 
 /// The output share assumed before any stream ended: half of `max_tokens` (low, so a cold
@@ -114,12 +114,11 @@ impl State {
     ) -> Vec<f64> {
         let now = Instant::now();
         let mut groups = Groups::default();
-        let mut flights: Vec<(&u64, &Flight)> = self.flights.iter().collect();
-        flights.sort_by_key(|(id, f)| (f.granted, **id));
         // Each prefill's time so far: what was credited to it, and for the one the upstream's
         // order runs now, the time since the last credit.
         let (now_running, uncredited) = (self.prefilling_now(), self.uncredited(now));
-        let running: Vec<Running> = flights
+        let running: Vec<Running> = self
+            .by_grant()
             .into_iter()
             .map(|(id, f)| {
                 let prefill_left = match f.first {
@@ -190,20 +189,23 @@ impl State {
             .max(predict::PREFILL_LEFT_MIN)
     }
 
-    /// The prefilling flight the upstream runs now under its prefill order: the oldest grant,
-    /// or the one with the least left (the oldest among equals). Prefill is taken as serial:
-    /// the others wait, or were set aside for a shorter one.
+    /// The flights in grant order.
+    fn by_grant(&self) -> Vec<(&u64, &Flight)> {
+        let mut flights: Vec<(&u64, &Flight)> = self.flights.iter().collect();
+        flights.sort_by_key(|(id, f)| (f.granted, **id));
+        flights
+    }
+
+    /// The prefilling flight the upstream runs now under its prefill order
+    /// ([`predict::prefill_next`], the simulation's rule). Prefill is taken as serial: the others
+    /// wait, or were set aside for a shorter one.
     fn prefilling_now(&self) -> Option<u64> {
-        let prefilling = self.flights.iter().filter(|(_, f)| f.first.is_none());
-        let key = |(id, f): &(&u64, &Flight)| (f.granted, **id);
-        match self.limits.prefill_order {
-            PrefillOrder::Oldest => prefilling.min_by_key(key),
-            PrefillOrder::Shortest => prefilling.min_by(|a, b| {
-                let left = |(_, f): &(&u64, &Flight)| self.prefill_left(f, f.prefill_spent);
-                left(a).total_cmp(&left(b)).then(key(a).cmp(&key(b)))
-            }),
-        }
-        .map(|(id, _)| *id)
+        let flights = self.by_grant();
+        let left = flights.iter().map(|(_, f)| match f.first {
+            Some(_) => 0.0,
+            None => self.prefill_left(f, f.prefill_spent),
+        });
+        predict::prefill_next(self.limits.prefill_order, left).map(|i| *flights[i].0)
     }
 
     /// Seconds since the upstream's prefill time was last credited.
