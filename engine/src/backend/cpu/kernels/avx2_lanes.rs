@@ -40,7 +40,9 @@ vnni_dot!(
 /// The tokens go through each block in groups of up to [`GROUP`] ([`block_group`]), both
 /// halves at once: each activation line is broadcast once for the two halves, and a group's
 /// integer sums stay in the 16 ymm registers (all 8 tokens at once spilled them, and the
-/// compiler kept every broadcast of the block on the stack).
+/// compiler kept every broadcast of the block on the stack). Q4_1 with two tokens or more goes
+/// half by half instead ([`q4_block`]): the four-token groups still spilled there, and unpacked
+/// each block's nibbles once per group.
 ///
 /// # Safety
 /// AVX2, FMA, F16C and `D`'s features; the tile's pointers are valid as
@@ -74,6 +76,10 @@ pub(super) unsafe fn tile<D: Dot<__m256i>, const Q8: bool, const C: usize>(
                 nb,
                 b,
             };
+            if !Q8 && C > 1 {
+                q4_block::<D, C>(&blk, &mut sums);
+                continue;
+            }
             let mut c0 = 0;
             while c0 < C {
                 match (C - c0).min(GROUP) {
@@ -99,6 +105,91 @@ pub(super) unsafe fn tile<D: Dot<__m256i>, const Q8: bool, const C: usize>(
                     *r.add(i) += yi;
                 }
             }
+        }
+    }
+}
+
+/// Q4_1 block `b` of a tile, one half at a time: the half's 8 unpacked weight lines stay in
+/// registers while the tile's tokens go through them two at a time ([`q4_tokens`]), so the block
+/// is unpacked once and nothing spills. Same sums, in the same order, as [`block_group`].
+///
+/// # Safety
+/// As [`tile`], for Q4_1.
+#[inline(always)]
+unsafe fn q4_block<D: Dot<__m256i>, const C: usize>(blk: &Block, sums: &mut Sums<C>) {
+    // SAFETY (whole body): as [`tile`]'s; every read is inside the block.
+    unsafe {
+        let nibble = _mm256_set1_epi8(0x0F);
+        for h in 0..2 {
+            // Line `k`'s half: elements `4k..` in the low nibbles, `16 + 4k..` in the high ones.
+            let t: [__m256i; 4] =
+                std::array::from_fn(
+                    |k| _mm256_loadu_si256(blk.vp.add(64 * k + 32 * h) as *const _),
+                );
+            let half = Q4Half {
+                l: t.map(|t| _mm256_and_si256(t, nibble)),
+                u: t.map(|t| _mm256_and_si256(_mm256_srli_epi16::<4>(t), nibble)),
+                d: _mm256_cvtph_ps(_mm_loadu_si128(blk.sp.add(16 * h) as *const _)),
+                m: _mm256_cvtph_ps(_mm_loadu_si128(blk.sp.add(32 + 16 * h) as *const _)),
+                h,
+            };
+            for p in 0..C / 2 {
+                q4_tokens::<D, C, 2>(blk, &half, 2 * p, sums);
+            }
+            if C % 2 == 1 {
+                q4_tokens::<D, C, 1>(blk, &half, C - 1, sums);
+            }
+        }
+    }
+}
+
+/// One half of a Q4_1 block, unpacked: the low and high nibbles of its 4 lines, and its 8 rows'
+/// scales and offsets.
+struct Q4Half {
+    l: [__m256i; 4],
+    u: [__m256i; 4],
+    d: __m256,
+    m: __m256,
+    h: usize,
+}
+
+/// Tokens `c0..c0 + G` of the tile through one half of a Q4_1 block: independent chains through
+/// the same registers, then the conversion, scale and FMAs into `sums`.
+///
+/// # Safety
+/// As [`tile`], with `c0 + G <= C`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn q4_tokens<D: Dot<__m256i>, const C: usize, const G: usize>(
+    blk: &Block,
+    half: &Q4Half,
+    c0: usize,
+    sums: &mut Sums<C>,
+) {
+    let Block { xq, xds, nb, b, .. } = *blk;
+    // SAFETY (whole body): as [`tile`]'s; every read is inside the activations.
+    unsafe {
+        let mut lo = [_mm256_setzero_si256(); G];
+        for k in 0..4 {
+            for j in 0..G {
+                // SAFETY: values `4k..4k + 4` and `16 + 4k..` of block `b` of row `c0 + j`.
+                let xb = xq.wrapping_add((c0 + j) * nb * QK + b * QK) as *const i32;
+                let xl = _mm256_set1_epi32(xb.add(k).read_unaligned());
+                let xu = _mm256_set1_epi32(xb.add(k + 4).read_unaligned());
+                lo[j] = D::dot(lo[j], half.l[k], xl);
+                lo[j] = D::dot(lo[j], half.u[k], xu);
+            }
+        }
+        let h = half.h;
+        for j in 0..G {
+            let c = c0 + j;
+            // SAFETY: the pair of block `b` of activation row `c`.
+            let p = xds.add(c * 2 * nb + 2 * b);
+            let (dx, sx) = (*p, *p.add(1));
+            let (acc, macc) = (&mut sums.acc[h][c], &mut sums.macc[h][c]);
+            let scale = _mm256_mul_ps(half.d, _mm256_set1_ps(dx));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(D::widen(lo[j], 1)), scale, *acc);
+            *macc = _mm256_fmadd_ps(half.m, _mm256_set1_ps(sx), *macc);
         }
     }
 }

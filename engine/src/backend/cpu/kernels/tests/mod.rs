@@ -629,7 +629,7 @@ fn lane_kernels_give_the_portable_bits() {
         let (rows, cols) = (37, 32 * 18);
         let data = random_matrix(&mut rng, dtype, rows, cols);
         let w = QMatrix::new(dtype, rows, cols, &data).expect("valid matrix");
-        for m in [1, 3, 8, 9, 70] {
+        for m in [1, 2, 3, 6, 8, 9, 70] {
             let x = random_acts(&mut rng, m * cols);
             let scalar = run_matmul(SimdLevel::Scalar, 1, &w, &x, m);
             for level in levels().into_iter().filter(|&l| lane_kernel(l)) {
