@@ -15,7 +15,9 @@
 # ROUNDS times, alternating: `alone` (the short tenant only: `256:64` Poisson at RATE req/s)
 # and `beside` (the same arrivals, and the long tenant's `4k:64` Poisson at 3 × RATE). The
 # long tenant's load asks for more prefill than the engine does, so its queue fills. One JSON
-# per tenant and run, the gateway's /metrics after each.
+# per tenant and run, the gateway's /metrics after each. RUNS (default "alone beside") picks the
+# runs; GATEWAY_BIN (default the build's `sluice`) lets two gateway builds take turns on the
+# same arrivals.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source loadtests/bench/lib.sh
@@ -27,6 +29,8 @@ ROUNDS=${ROUNDS:-2}
 SEED=${SEED:-20261206}
 ORDER=${ORDER:-shortest}
 ENGINE_ARGS=${ENGINE_ARGS:-}
+RUNS=${RUNS:-alone beside}
+GATEWAY_BIN=${GATEWAY_BIN:-$BIN/sluice}
 EPORT=18621
 GPORT=18622
 SHORT_KEY=sk-fairness-short
@@ -75,9 +79,9 @@ load() { # $1: key, $2: shape, $3: rate, $4: seed, $5: output
 
 long_rate=$(python3 -c "print(3 * $RATE)")
 for round in $(seq 1 "$ROUNDS"); do
-  for run in alone beside; do
+  for run in $RUNS; do
     echo "== round $round, $run ($(date -u +%T))" >&2
-    "$BIN/sluice" serve --policy "$OUT/policy.toml" --plain-http --model "$MODEL" >"$OUT/gateway-$run-$round.log" 2>&1 &
+    "$GATEWAY_BIN" serve --policy "$OUT/policy.toml" --plain-http --model "$MODEL" >"$OUT/gateway-$run-$round.log" 2>&1 &
     gw=$!
     PIDS+=($gw)
     wait_up http://127.0.0.1:$GPORT/readyz

@@ -169,13 +169,23 @@ mod tests {
         assert!(!GATE.admits(&heavy, &alone, &ask(false, 3500)));
         // Alone, any prompt runs.
         assert!(GATE.admits(&Held::default(), &alone, &ask(false, 20_000)));
-        // With another tenant present: one slot and half the budget left to it.
-        let other = Share {
-            others: 1,
-            slots: 3,
-            prefill_tokens: 0,
-        };
-        assert!(!GATE.admits(&Held::default(), &other, &ask(false, 100)));
+        // With other tenants present: a slot left to each (at least one for the asker), and half
+        // the budget left to them all.
+        for (others, share) in [(1, 3), (2, 2), (3, 1), (7, 1)] {
+            for slots in 0..4 {
+                let mine = Share {
+                    others,
+                    slots,
+                    prefill_tokens: 0,
+                };
+                let admitted = GATE.admits(&Held::default(), &mine, &ask(false, 100));
+                assert_eq!(
+                    admitted,
+                    slots < share,
+                    "{others} others, {slots} slots held"
+                );
+            }
+        }
         let held = Held {
             active: 1,
             prefill_tokens: 3000,

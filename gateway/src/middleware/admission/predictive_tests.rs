@@ -320,6 +320,47 @@ async fn an_arrival_after_a_lapse_does_not_overtake_the_waiter() {
     drop((granted, late));
 }
 
+/// Beside another tenant present, a tenant leaves it a slot: of four, the first tenant holds
+/// three however many it asks for, the other finds the fourth free; once the other lapses, the
+/// first may use everything.
+#[tokio::test(start_paused = true)]
+async fn a_tenant_leaves_a_present_tenant_a_slot() {
+    let mut l = limits(4);
+    l.predictive = false;
+    let adm = Admission::new(l);
+    // "short" is present (seen), holding nothing.
+    drop(
+        acquire(adm.clone(), ticket("short", 100))
+            .await
+            .expect("slot"),
+    );
+    let mut long = Vec::new();
+    for _ in 0..3 {
+        long.push(
+            acquire(adm.clone(), ticket("long", 100))
+                .await
+                .expect("slot"),
+        );
+    }
+    let mut fourth = spawn(&adm, ticket("long", 100));
+    settle().await;
+    assert!(
+        fourth.try_recv().is_err(),
+        "the last slot is the other tenant's"
+    );
+    assert_eq!(adm.snapshot().active, 3);
+    let short = acquire(adm.clone(), ticket("short", 100))
+        .await
+        .expect("slot");
+    assert_eq!(adm.snapshot().active, 4);
+    drop(short);
+    tokio::time::advance(super::fair::PRESENT_FOR + Duration::from_secs(1)).await;
+    settle().await;
+    let granted = fourth.try_recv().expect("answered").expect("slot");
+    assert_eq!(adm.snapshot().active, 4);
+    drop((granted, long));
+}
+
 /// The scenario on a simulated upstream: one tenant sends 4K prompts at 3× the rate of
 /// the other's 256-token prompts (more prefill than the upstream can do: the long tenant's
 /// queue grows without end); the short tenant's TTFT p95 stays within 1.5× of its value alone.
