@@ -16,7 +16,7 @@
 # and `beside` (the same arrivals, and the long tenant's `4k:64` Poisson at 3 × RATE). The
 # long tenant's load asks for more prefill than the engine does, so its queue fills. One JSON
 # per tenant and run, the gateway's /metrics after each. RUNS (default "alone beside") picks the
-# runs; GATEWAY_BIN (default the build's `sluice`) lets two gateway builds take turns on the
+# runs; GATEWAY_BIN and ENGINE_BIN (default the build's) let two builds take turns on the
 # same arrivals.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,6 +31,7 @@ ORDER=${ORDER:-shortest}
 ENGINE_ARGS=${ENGINE_ARGS:-}
 RUNS=${RUNS:-alone beside}
 GATEWAY_BIN=${GATEWAY_BIN:-$BIN/sluice}
+ENGINE_BIN=${ENGINE_BIN:-$BIN/sluice-engine}
 EPORT=18621
 GPORT=18622
 SHORT_KEY=sk-fairness-short
@@ -39,7 +40,7 @@ mkdir -p "$OUT"
 sha() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
 
 # shellcheck disable=SC2086 # ENGINE_ARGS: more `sluice-engine serve` flags, split on spaces
-"$BIN/sluice-engine" serve --ranks 3 --listen 127.0.0.1:$EPORT --model "$MODEL" --prefill-order "$ORDER" $ENGINE_ARGS \
+"$ENGINE_BIN" serve --ranks 3 --listen 127.0.0.1:$EPORT --model "$MODEL" --prefill-order "$ORDER" $ENGINE_ARGS \
   >"$OUT/engine.log" 2>&1 &
 PIDS+=($!)
 wait_up http://127.0.0.1:$EPORT/health

@@ -54,8 +54,10 @@ pub enum PrefillOrder {
     Oldest,
     /// The fewest prompt tokens left first, the oldest first among equals: a short prompt takes
     /// its chunk's turn at once, and the long one the rest of the budget and the turns after.
-    /// It orders the chunks, not the admission into the running set, so a long prompt waits at
-    /// most for the shorter ones admitted beside it.
+    /// While a prompt that fits one micro-batch is in its prefill, no micro-batch takes a chunk
+    /// of a longer one (which would otherwise share the cores with it from the other
+    /// micro-batch in flight). It orders the chunks, not the admission into the running set, so
+    /// a long prompt waits at most for the shorter ones admitted beside it.
     Shortest,
 }
 
@@ -284,6 +286,19 @@ impl Scheduler {
         ready.into_iter().map(|(_, _, id)| id).collect()
     }
 
+    /// With [`PrefillOrder::Shortest`], whether a prompt that fits one micro-batch's budget is
+    /// in its prefill (its chunk to be scheduled, or in flight with no token back yet): while
+    /// one is, no micro-batch takes a chunk of a longer prompt, so the short prompt's prefill
+    /// has the cores to itself rather than beside a long chunk in the other micro-batch.
+    fn short_prompt_prefilling(&self) -> bool {
+        self.cfg.prefill_order == PrefillOrder::Shortest
+            && self.running.iter().any(|s| {
+                s.n_generated() == 0
+                    && s.tokens.len() <= self.cfg.max_batch_tokens
+                    && (s.is_ready() || s.in_flight > 0)
+            })
+    }
+
     /// Builds the next micro-batch, or `None` when nothing can run now.
     pub fn schedule(&mut self) -> Option<MicroBatch> {
         if self.in_flight.len() >= self.cfg.max_in_flight {
@@ -301,6 +316,7 @@ impl Scheduler {
         let (mut seqs, mut ids) = (Vec::new(), Vec::new());
         let mut mask_job = Vec::new();
         let mut n_decode = 0;
+        let hold_long = self.short_prompt_prefilling();
         // Decode steps first (one token each, oldest first), then prefill chunks.
         for pass in [true, false] {
             for id in self.pass_order(pass) {
@@ -314,6 +330,9 @@ impl Scheduler {
                 let s = &self.running[i];
                 if pass && n_decode >= decode_cap {
                     break;
+                }
+                if !pass && hold_long && s.tokens.len() > self.cfg.max_batch_tokens {
+                    continue;
                 }
                 let chunk = s.remaining().min(budget);
                 let end = s.num_scheduled + chunk;

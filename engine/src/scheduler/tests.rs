@@ -594,25 +594,39 @@ fn a_short_prompt_is_prefilled_ahead_of_a_long_one_already_prefilling() {
     let tokenizer = Arc::new(toy_tokenizer());
     let mut sched = Scheduler::new(cfg, tokenizer.clone());
     let seq = |id: u64, len: usize| quiet_sequence(&tokenizer, id, len);
-    let chunks = |mb: super::MicroBatch| -> Vec<(u64, u32)> {
+    let chunks_of = |mb: &super::MicroBatch| -> Vec<(u64, u32)> {
         mb.forward.seqs.iter().map(|c| (c.seq, c.len)).collect()
     };
+    // Each micro-batch's answer: a token for each member that asked.
+    let answer = |mb: &super::MicroBatch| crate::transport::message::Sampled {
+        batch: mb.forward.batch,
+        tokens: (mb.forward.seqs.iter())
+            .filter(|c| c.sample.is_some())
+            .map(|c| (c.seq, 5))
+            .collect(),
+        logprobs: Vec::new(),
+    };
     sched.add(seq(1, 200));
-    assert_eq!(chunks(sched.schedule().expect("a chunk")), [(1, 32)]);
-    // The short prompt arrives while the long one prefills: all of it first, then the long
-    // one's next chunk with the rest of the budget.
+    let first = sched.schedule().expect("a chunk");
+    assert_eq!(chunks_of(&first), [(1, 32)]);
+    // The short prompt arrives while the long one prefills: all of it, and no chunk of the
+    // long one beside it, in this micro-batch or the next, until its token is back.
     sched.add(seq(2, 10));
-    assert_eq!(
-        chunks(sched.schedule().expect("a batch")),
-        [(2, 10), (1, 22)]
-    );
-    // Two more arrive: the shorter of them first, then the other, then the long one.
+    let short = sched.schedule().expect("a batch");
+    assert_eq!(chunks_of(&short), [(2, 10)]);
+    assert!(sched.schedule().is_none(), "the long prompt waits");
+    // Two more arrive: both short, the shorter first; the long one still waits.
     sched.add(seq(3, 12));
     sched.add(seq(4, 5));
-    assert_eq!(
-        chunks(sched.schedule().expect("a batch")),
-        [(4, 5), (3, 12), (1, 15)]
-    );
+    let shorter = sched.schedule().expect("a batch");
+    assert_eq!(chunks_of(&shorter), [(4, 5), (3, 12)]);
+    // Their tokens back, the long prompt goes on beside their decode steps.
+    for mb in [first, short, shorter] {
+        sched.complete(answer(&mb)).expect("the tokens asked for");
+    }
+    // (One decode step a micro-batch: three decoding over three micro-batches in flight.)
+    let next = chunks_of(&sched.schedule().expect("a batch"));
+    assert_eq!(next, [(2, 1), (1, 31)]);
 }
 
 #[test]
