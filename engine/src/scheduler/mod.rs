@@ -293,10 +293,14 @@ impl Scheduler {
     fn short_prompt_prefilling(&self) -> bool {
         self.cfg.prefill_order == PrefillOrder::Shortest
             && self.running.iter().any(|s| {
-                s.n_generated() == 0
-                    && s.tokens.len() <= self.cfg.max_batch_tokens
-                    && (s.is_ready() || s.in_flight > 0)
+                s.n_generated() == 0 && self.fits_one_batch(s) && (s.is_ready() || s.in_flight > 0)
             })
+    }
+
+    /// Whether all of `s` (its prompt, and what it generated before a preemption) fits one
+    /// micro-batch's budget: a short prompt, for [`Self::short_prompt_prefilling`].
+    fn fits_one_batch(&self, s: &Sequence) -> bool {
+        s.tokens.len() <= self.cfg.max_batch_tokens
     }
 
     /// Builds the next micro-batch, or `None` when nothing can run now.
@@ -331,7 +335,7 @@ impl Scheduler {
                 if pass && n_decode >= decode_cap {
                     break;
                 }
-                if !pass && hold_long && s.tokens.len() > self.cfg.max_batch_tokens {
+                if !pass && hold_long && !self.fits_one_batch(s) {
                     continue;
                 }
                 let chunk = s.remaining().min(budget);

@@ -166,7 +166,7 @@ unsafe fn q4_tokens<D: Dot<__m256i>, const C: usize, const G: usize>(
     c0: usize,
     sums: &mut Sums<C>,
 ) {
-    let Block { xq, xds, nb, b, .. } = *blk;
+    let Block { xq, nb, b, .. } = *blk;
     // SAFETY (whole body): as [`tile`]'s; every read is inside the activations.
     unsafe {
         let mut lo = [_mm256_setzero_si256(); G];
@@ -180,16 +180,8 @@ unsafe fn q4_tokens<D: Dot<__m256i>, const C: usize, const G: usize>(
                 lo[j] = D::dot(lo[j], half.u[k], xu);
             }
         }
-        let h = half.h;
         for j in 0..G {
-            let c = c0 + j;
-            // SAFETY: the pair of block `b` of activation row `c`.
-            let p = xds.add(c * 2 * nb + 2 * b);
-            let (dx, sx) = (*p, *p.add(1));
-            let (acc, macc) = (&mut sums.acc[h][c], &mut sums.macc[h][c]);
-            let scale = _mm256_mul_ps(half.d, _mm256_set1_ps(dx));
-            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(D::widen(lo[j], 1)), scale, *acc);
-            *macc = _mm256_fmadd_ps(half.m, _mm256_set1_ps(sx), *macc);
+            sums.add(blk, half.h, c0 + j, D::widen(lo[j], 1), half.d, half.m);
         }
     }
 }
@@ -198,6 +190,27 @@ unsafe fn q4_tokens<D: Dot<__m256i>, const C: usize, const G: usize>(
 struct Sums<const C: usize> {
     acc: [[__m256; C]; 2],
     macc: [[__m256; C]; 2],
+}
+
+impl<const C: usize> Sums<C> {
+    /// Block `blk.b`'s integer dot products `dot` of half `h` and token `c` (with the half's
+    /// scales `d` and offsets `m`): converted, scaled by the token's `d`, and added, and the
+    /// offset term apart, in the AVX-512 tile's order (the same bits).
+    ///
+    /// # Safety
+    /// AVX2 and FMA; `c` is a token of the tile.
+    #[inline(always)]
+    unsafe fn add(&mut self, blk: &Block, h: usize, c: usize, dot: __m256i, d: __m256, m: __m256) {
+        // SAFETY: the pair of block `b` of activation row `c`; AVX2 and FMA as promised.
+        unsafe {
+            let p = blk.xds.add(c * 2 * blk.nb + 2 * blk.b);
+            let (dx, sx) = (*p, *p.add(1));
+            let (acc, macc) = (&mut self.acc[h][c], &mut self.macc[h][c]);
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(dx));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, *acc);
+            *macc = _mm256_fmadd_ps(m, _mm256_set1_ps(sx), *macc);
+        }
+    }
 }
 
 /// One block of a tile: its scales `sp` and values `vp`, and the tile's activations (`nb`
@@ -233,10 +246,10 @@ unsafe fn block_group<D: Dot<__m256i>, const Q8: bool, const C: usize, const G: 
         sp,
         vp,
         xq,
-        xds,
         xsum,
         nb,
         b,
+        ..
     } = *blk;
     // SAFETY (whole body): as [`tile`]'s; every read is inside the block or the activations.
     unsafe {
@@ -318,15 +331,7 @@ unsafe fn block_group<D: Dot<__m256i>, const Q8: bool, const C: usize, const G: 
                 } else {
                     D::widen(lo[h][c], 1)
                 };
-                // SAFETY: the pair of block `b` of activation row `c0 + c`.
-                let (dx, sx) = {
-                    let p = xds.add((c0 + c) * 2 * nb + 2 * b);
-                    (*p, *p.add(1))
-                };
-                let (acc, macc) = (&mut sums.acc[h][c0 + c], &mut sums.macc[h][c0 + c]);
-                let scale = _mm256_mul_ps(d, _mm256_set1_ps(dx));
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, *acc);
-                *macc = _mm256_fmadd_ps(m, _mm256_set1_ps(sx), *macc);
+                sums.add(blk, h, c0 + c, dot, d, m);
             }
         }
     }
