@@ -41,6 +41,12 @@ pub struct SchedulerConfig {
     pub kv_blocks: usize,
     /// The order prefill chunks take the budget in (`--prefill-order`).
     pub prefill_order: PrefillOrder,
+    /// Tokens of long prompts (those that do not fit one micro-batch) a micro-batch takes at
+    /// most while any request decodes (`--decode-chunk-tokens`): a decode step, in the same
+    /// micro-batch or queued behind it at a rank, then waits for a short chunk, not a full
+    /// one, and the running requests keep their pace beside a long prefill. A prompt that fits
+    /// one micro-batch still goes whole.
+    pub decode_chunk_tokens: usize,
 }
 
 /// The order in which the running prompts' prefill chunks take a micro-batch's token budget
@@ -321,6 +327,14 @@ impl Scheduler {
         let mut mask_job = Vec::new();
         let mut n_decode = 0;
         let hold_long = self.short_prompt_prefilling();
+        // While any request decodes, what long prompts' chunks may take of this batch: a
+        // decode step in this batch or the next waits for no more (each rank computes its
+        // micro-batches one after another).
+        let mut long_budget = if n_decoding > 0 {
+            self.cfg.decode_chunk_tokens
+        } else {
+            usize::MAX
+        };
         // Decode steps first (one token each, oldest first), then prefill chunks.
         for pass in [true, false] {
             for id in self.pass_order(pass) {
@@ -335,10 +349,17 @@ impl Scheduler {
                 if pass && n_decode >= decode_cap {
                     break;
                 }
-                if !pass && hold_long && !self.fits_one_batch(s) {
+                let long = !pass && !self.fits_one_batch(s);
+                if long && hold_long {
                     continue;
                 }
-                let chunk = s.remaining().min(budget);
+                let mut chunk = s.remaining().min(budget);
+                if long {
+                    if long_budget == 0 {
+                        continue;
+                    }
+                    chunk = chunk.min(long_budget);
+                }
                 let end = s.num_scheduled + chunk;
                 // Blocks for the chunk; preempt newer work if the pool is dry.
                 let mut ok = self.running[i].table.reserve(&mut self.pool, end).is_ok();
@@ -368,6 +389,9 @@ impl Scheduler {
                 s.awaiting_sample = sample;
                 s.in_flight += 1;
                 budget -= chunk;
+                if long {
+                    long_budget -= chunk;
+                }
                 n_decode += usize::from(pass);
             }
         }

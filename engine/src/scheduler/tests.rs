@@ -44,6 +44,9 @@ fn engine_with(
         max_in_flight: 1,
         kv_blocks,
         prefill_order: Default::default(),
+        // Long prompts go 3 tokens at a time beside decodes, `max_batch_tokens` otherwise: the
+        // outputs compared with solo runs then come from chunks of changing, uneven sizes.
+        decode_chunk_tokens: 3,
     };
     let inbox = channel();
     let stage = Stage::new(model(), kv_blocks).unwrap();
@@ -380,6 +383,7 @@ fn a_waiting_request_whose_client_left_is_released_on_every_rank() {
         max_in_flight: 1,
         kv_blocks: 16,
         prefill_order: Default::default(),
+        decode_chunk_tokens: usize::MAX,
     };
     let tokenizer = Arc::new(toy_tokenizer());
     let mut sched = Scheduler::new(cfg, tokenizer.clone());
@@ -568,6 +572,7 @@ fn two_long_prompts_behind_a_short_one(
         max_in_flight: 3,
         kv_blocks: 10,
         prefill_order: Default::default(),
+        decode_chunk_tokens: usize::MAX,
     };
     let tokenizer = Arc::new(toy_tokenizer());
     let mut sched = Scheduler::new(cfg, tokenizer.clone());
@@ -590,6 +595,7 @@ fn a_short_prompt_is_prefilled_ahead_of_a_long_one_already_prefilling() {
         max_in_flight: 3,
         kv_blocks: 64,
         prefill_order: super::PrefillOrder::Shortest,
+        decode_chunk_tokens: usize::MAX,
     };
     let tokenizer = Arc::new(toy_tokenizer());
     let mut sched = Scheduler::new(cfg, tokenizer.clone());
@@ -627,6 +633,51 @@ fn a_short_prompt_is_prefilled_ahead_of_a_long_one_already_prefilling() {
     // (One decode step a micro-batch: three decoding over three micro-batches in flight.)
     let next = chunks_of(&sched.schedule().expect("a batch"));
     assert_eq!(next, [(2, 1), (1, 31)]);
+}
+
+#[test]
+fn a_batch_carrying_decode_steps_takes_a_short_chunk_of_a_long_prompt() {
+    let cfg = SchedulerConfig {
+        max_running: 4,
+        max_batch_tokens: 32,
+        max_in_flight: 1,
+        kv_blocks: 64,
+        prefill_order: Default::default(),
+        decode_chunk_tokens: 8,
+    };
+    let tokenizer = Arc::new(toy_tokenizer());
+    let mut sched = Scheduler::new(cfg, tokenizer.clone());
+    let seq = |id: u64, len: usize| quiet_sequence(&tokenizer, id, len);
+    let step = |sched: &mut Scheduler| -> Vec<(u64, u32)> {
+        let mb = sched.schedule().expect("a batch");
+        let chunks = mb.forward.seqs.iter().map(|c| (c.seq, c.len)).collect();
+        let tokens = (mb.forward.seqs.iter())
+            .filter(|c| c.sample.is_some())
+            .map(|c| (c.seq, 5))
+            .collect();
+        let answer = crate::transport::message::Sampled {
+            batch: mb.forward.batch,
+            tokens,
+            logprobs: Vec::new(),
+        };
+        sched.complete(answer).expect("the tokens asked for");
+        chunks
+    };
+    sched.add(seq(1, 10));
+    assert_eq!(step(&mut sched), [(1, 10)]);
+    // Two long prompts arrive while 1 decodes: together they take 8 tokens of each batch.
+    sched.add(seq(2, 100));
+    sched.add(seq(3, 100));
+    assert_eq!(step(&mut sched), [(1, 1), (2, 8)]);
+    // A prompt that fits one batch still goes whole beside the decode step.
+    sched.add(seq(4, 20));
+    assert_eq!(step(&mut sched), [(1, 1), (2, 8), (4, 20)]);
+    assert_eq!(step(&mut sched), [(1, 1), (4, 1), (2, 8)]);
+    // 1 has its 4 tokens; 4 decodes on, so the long prompts still go 8 at a time.
+    assert_eq!(step(&mut sched), [(4, 1), (2, 8)]);
+    assert_eq!(step(&mut sched), [(4, 1), (2, 8)]);
+    // With nothing decoding, the long prompts take the whole budget again.
+    assert_eq!(step(&mut sched), [(2, 32)]);
 }
 
 #[test]
@@ -696,6 +747,7 @@ async fn through_pipeline(
         max_in_flight: 1,
         kv_blocks: 64,
         prefill_order: Default::default(),
+        decode_chunk_tokens: usize::MAX,
     };
     let ecfg = EngineConfig {
         model_id: "tiny".into(),
