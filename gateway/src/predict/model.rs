@@ -9,7 +9,13 @@
 //!
 //! Both start at the policy's `[admission.cost]` (written by `sluice-load calibrate`) and are
 //! refitted from every stream the gateway watches: its upstream time to first token (prefill)
-//! and its mean gap between tokens (decode).
+//! and its mean gap between tokens outside any prefill (decode).
+//!
+//! A third figure is learned from the streams alone: the gap between a stream's tokens while
+//! another request prefills. An upstream that batches decode steps with prefill chunks (vLLM's
+//! v1 scheduler, the bundled engine) keeps its running requests decoding through a long
+//! prefill, a token per chunk; how fast depends on its chunk size, which the gateway is not
+//! told. Until a stream has shown it, the simulation takes decodes to wait out each prefill.
 
 use super::fit::OnlineFit;
 use crate::policy::Cost;
@@ -24,8 +30,15 @@ pub const DECODE_TERMS: [&str; 3] = ["base", "per_seq", "per_10k_context"];
 pub struct CostModel {
     prefill: OnlineFit<4>,
     decode: OnlineFit<3>,
+    /// Seconds between a stream's tokens while some prefill runs (`None`: none seen yet).
+    beside_prefill: Option<f64>,
+    beside_prefill_observations: u64,
     refit: bool,
 }
+
+/// How far one stream moves the gap beside a prefill: about the last ten streams count, as in
+/// the fits ([`super::fit`]).
+const BESIDE_PREFILL_GAIN: f64 = 0.2;
 
 fn prefill_x(prompt: usize, running_context: usize) -> [f64; 4] {
     let k = prompt as f64 / 1000.0;
@@ -75,6 +88,8 @@ impl CostModel {
                     spread(decode[2], 0.01),
                 ],
             ),
+            beside_prefill: None,
+            beside_prefill_observations: 0,
             refit: seed.refit,
         }
     }
@@ -113,13 +128,29 @@ impl CostModel {
         }
     }
 
+    /// Seconds between a decoding request's tokens while another prefills, once seen.
+    pub fn decode_beside_prefill(&self) -> Option<f64> {
+        self.beside_prefill
+    }
+
+    /// A stream's tokens came `seconds` apart on average while some prefill ran.
+    pub fn observe_decode_beside_prefill(&mut self, seconds: f64) {
+        if self.refit && seconds.is_finite() && seconds > 0.0 {
+            let old = self.beside_prefill.unwrap_or(seconds);
+            self.beside_prefill = Some(old + BESIDE_PREFILL_GAIN * (seconds - old));
+            self.beside_prefill_observations += 1;
+        }
+    }
+
     /// The coefficients in seconds, named as in [`PREFILL_TERMS`] and [`DECODE_TERMS`].
     pub fn parameters(&self) -> Parameters {
         Parameters {
             prefill: self.prefill.coefficients(),
             decode: self.decode.coefficients(),
+            decode_beside_prefill: self.beside_prefill,
             prefill_observations: self.prefill.observations(),
             decode_observations: self.decode.observations(),
+            decode_beside_prefill_observations: self.beside_prefill_observations,
         }
     }
 }
@@ -129,8 +160,11 @@ impl CostModel {
 pub struct Parameters {
     pub prefill: [f64; 4],
     pub decode: [f64; 3],
+    /// Seconds between a decoding request's tokens while another prefills (`None`: unseen).
+    pub decode_beside_prefill: Option<f64>,
     pub prefill_observations: u64,
     pub decode_observations: u64,
+    pub decode_beside_prefill_observations: u64,
 }
 
 #[cfg(test)]
@@ -165,5 +199,27 @@ mod tests {
         });
         frozen.observe_prefill(4096, 0, 100.0);
         assert_eq!(frozen.prefill(256, 0), cold);
+        frozen.observe_decode_beside_prefill(0.1);
+        assert_eq!(frozen.decode_beside_prefill(), None);
+    }
+
+    #[test]
+    fn the_gap_beside_a_prefill_is_unknown_until_seen_then_follows_the_streams() {
+        let mut m = CostModel::new(&Cost::default());
+        assert_eq!(m.decode_beside_prefill(), None);
+        m.observe_decode_beside_prefill(1.0);
+        assert_eq!(m.decode_beside_prefill(), Some(1.0));
+        // The engine's chunks got smaller: within ten streams the gap follows.
+        for _ in 0..10 {
+            m.observe_decode_beside_prefill(0.1);
+        }
+        let gap = m.decode_beside_prefill().expect("seen");
+        assert!(gap > 0.1 && gap < 0.2, "{gap}");
+        // Nothing that is no gap moves it.
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            m.observe_decode_beside_prefill(bad);
+        }
+        assert_eq!(m.decode_beside_prefill(), Some(gap));
+        assert_eq!(m.parameters().decode_beside_prefill_observations, 11);
     }
 }

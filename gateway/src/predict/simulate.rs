@@ -69,6 +69,10 @@ pub struct Scene {
 /// as past it).
 pub const PREFILL_LEFT_MIN: f64 = 1e-6;
 
+/// Output left below this counts as none: a request decoding beside a prefill ends when the
+/// simulation says it does, not a rounding error later.
+const OUTPUT_LEFT_MIN: f64 = 1e-9;
+
 /// The steps of a prediction are bounded (a queue of a few dozen waiters needs one per grant,
 /// prefill and completion).
 const STEPS_MAX: usize = 10_000;
@@ -105,18 +109,28 @@ pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
         if left == 0 {
             break;
         }
-        // The prefill the upstream's order picks runs next, until the next event; its first
-        // token is its first output token.
+        // The prefill the upstream's order picks runs next, until its first token (its first
+        // output token) or until a request decoding beside it ends, whichever comes first.
         if let Some(i) = prefill_next(scene.prefill_order, run.iter().map(|s| s.r.prefill_left)) {
-            t += run[i].r.prefill_left;
-            run[i].r.prefill_left = 0.0;
-            if let Some(k) = run[i].waiter {
-                out[k] = t;
-                left -= 1;
+            let gap = model.decode_beside_prefill();
+            let ends = gap.map_or(f64::INFINITY, |g| g * fewest_left_decoding(&run));
+            let dt = run[i].r.prefill_left.min(ends);
+            t += dt;
+            if let Some(g) = gap {
+                decode_beside(&mut run, &mut counters, scene.output_weight, dt / g);
             }
-            run[i].r.output_left -= 1.0;
-            counters[run[i].r.group] += scene.output_weight;
-            run.retain(|s| s.r.output_left > 0.0);
+            if dt < run[i].r.prefill_left {
+                run[i].r.prefill_left -= dt;
+            } else {
+                run[i].r.prefill_left = 0.0;
+                if let Some(k) = run[i].waiter {
+                    out[k] = t;
+                    left -= 1;
+                }
+                run[i].r.output_left -= 1.0;
+                counters[run[i].r.group] += scene.output_weight;
+            }
+            run.retain(|s| s.r.output_left > OUTPUT_LEFT_MIN);
             continue;
         }
         // The next waiter to join later, if one.
@@ -161,7 +175,7 @@ pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
             s.r.prompt += steps as usize;
             counters[s.r.group] += scene.output_weight * steps;
         }
-        run.retain(|s| s.r.output_left > 0.0);
+        run.retain(|s| s.r.output_left > OUTPUT_LEFT_MIN);
     }
     out.into_iter()
         .map(|v| if v.is_nan() { t } else { v })
@@ -262,6 +276,23 @@ fn grant(model: &CostModel, run: &mut Vec<Slot>, counters: &mut [f64], p: Pendin
     });
 }
 
+/// The fewest tokens any request past its prefill has left (infinite: none is).
+fn fewest_left_decoding(run: &[Slot]) -> f64 {
+    run.iter()
+        .filter(|s| s.r.prefill_left <= 0.0)
+        .map(|s| s.r.output_left)
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// `tokens` decode steps (a fraction of one counts) for every request past its prefill, beside
+/// a prefill.
+fn decode_beside(run: &mut [Slot], counters: &mut [f64], output_weight: f64, tokens: f64) {
+    for s in run.iter_mut().filter(|s| s.r.prefill_left <= 0.0) {
+        s.r.output_left -= tokens;
+        counters[s.r.group] += output_weight * tokens;
+    }
+}
+
 fn context_of(run: &[Slot]) -> usize {
     run.iter().map(|s| s.r.prompt).sum()
 }
@@ -273,7 +304,11 @@ mod tests {
 
     /// Prefill 1 s per 1K tokens; decode 10 ms per step.
     fn model() -> CostModel {
-        CostModel::new(&Cost {
+        CostModel::new(&model_cost())
+    }
+
+    fn model_cost() -> Cost {
+        Cost {
             prefill_base_ms: 0.0,
             prefill_ms_per_1k: 1000.0,
             prefill_ms_per_1k_squared: 0.0,
@@ -282,7 +317,7 @@ mod tests {
             decode_ms_per_seq: 0.0,
             decode_ms_per_10k_context: 0.0,
             refit: false,
-        })
+        }
     }
 
     const GATE: Gate = Gate {
@@ -405,6 +440,33 @@ mod tests {
         let shortest = at(PrefillOrder::Shortest);
         assert!(close(shortest[0], 0.25), "{shortest:?}");
         assert!(shortest[1] > 3.25 + 3.5 - 1e-9, "{shortest:?}");
+    }
+
+    #[test]
+    fn requests_decode_beside_a_prefill_at_the_gap_the_streams_showed() {
+        // Both slots held: a 4K prompt with 4 s of prefill left, a request with 20 tokens to go.
+        let full = [running(4000, 4.0, 10.0), running(100, 0.0, 20.0)];
+        let me = pending(9, 500, 10.0);
+        let at = |m: &CostModel, order| {
+            let s = Scene {
+                prefill_order: order,
+                ..scene(GATE, &full, &[me])
+            };
+            first_tokens(m, &s)[0]
+        };
+        // Unseen: the decode waits out the prefill, and the first slot frees when the 4K
+        // prompt's 9 more tokens are done (4 + 0.09 s); then my 0.5 s.
+        assert!(close(at(&model(), PrefillOrder::Oldest), 4.59));
+        // A token every 0.1 s beside a prefill: the 20 tokens end at 2 s, halfway through it.
+        let mut m = CostModel::new(&Cost {
+            refit: true,
+            ..model_cost()
+        });
+        m.observe_decode_beside_prefill(0.1);
+        // Oldest first, my prefill still follows the 4K one's; least left first, it goes
+        // ahead of that one's last 2 s.
+        assert!(close(at(&m, PrefillOrder::Oldest), 4.5));
+        assert!(close(at(&m, PrefillOrder::Shortest), 2.5));
     }
 
     #[test]

@@ -290,6 +290,9 @@ pub fn render_prediction(out: &mut String, p: &PredictionView) {
                 .zip(p.parameters.decode)
                 .map(|(t, v)| ("decode", t, v)),
         );
+    // Unseen until a stream decodes beside a prefill: NaN, as the median error with none.
+    let beside = p.parameters.decode_beside_prefill.unwrap_or(f64::NAN);
+    let terms = terms.chain([("decode", &"per_token_beside_prefill", beside)]);
     for (model, term, v) in terms {
         let _ = writeln!(
             out,
@@ -305,6 +308,10 @@ pub fn render_prediction(out: &mut String, p: &PredictionView) {
     for (model, n) in [
         ("prefill", p.parameters.prefill_observations),
         ("decode", p.parameters.decode_observations),
+        (
+            "decode_beside_prefill",
+            p.parameters.decode_beside_prefill_observations,
+        ),
     ] {
         let _ = writeln!(
             out,

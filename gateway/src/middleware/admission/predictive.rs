@@ -46,6 +46,9 @@ use crate::predict::{self, Gate, Group, Pair, Parameters, Pending, Point, Runnin
 pub const OUTPUT_SHARE_SEED: f64 = 0.5;
 /// How much of a stream's output share the average takes in.
 const OUTPUT_SHARE_GAIN: f64 = 0.2;
+/// The least time a stream must have decoded beside other prefills to show its gap there: a
+/// token or two in less says more about where the step boundaries fell than about the pace.
+const BESIDE_PREFILL_MIN: Duration = Duration::from_millis(250);
 /// A prefill running past its prediction by `x` is assumed to need this share of `x` more (so
 /// the prediction stays continuous: exactly the model's until the prefill is late, then later
 /// the later it is). The model's own time is kept to the end: a floor that bit earlier froze
@@ -620,6 +623,13 @@ impl State {
             let running = (f.running_at_first + self.flights.len() + 1).div_ceil(2);
             self.model
                 .observe_decode(running, f.context_at_first + f.context(), step);
+        }
+        // And the gap between its tokens beside a prefill, when it decoded long enough beside
+        // one to tell (none in that time is a gap of at least that time).
+        if beside >= BESIDE_PREFILL_MIN {
+            let tokens = f.tokens_beside_prefill.max(1) as f64;
+            self.model
+                .observe_decode_beside_prefill(beside.as_secs_f64() / tokens);
         }
         if f.tokens > 0 && f.max_tokens > 0 {
             let share = (f.tokens as f64 / f.max_tokens as f64).min(1.0);

@@ -529,6 +529,45 @@ async fn the_cost_model_refits_from_observed_streams() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_stream_decoding_beside_a_prefill_shows_the_gap_there() {
+    let mut l = limits(2);
+    l.cost.refit = true;
+    let adm = Admission::new(l);
+    assert_eq!(adm.prediction().parameters.decode_beside_prefill, None);
+    // `a` decodes; `b`'s 4K prompt prefills for 4 s, `a` getting a token every 0.1 s beside
+    // it, then 10 more 20 ms apart once it is done.
+    let a = acquire(adm.clone(), ticket("a", 100)).await.expect("slot");
+    tokio::time::advance(Duration::from_millis(100)).await;
+    a.permit.first_token();
+    let b = acquire(adm.clone(), ticket("b", 4000)).await.expect("slot");
+    for _ in 0..40 {
+        tokio::time::advance(Duration::from_millis(100)).await;
+        a.permit.tokens(1);
+    }
+    b.permit.first_token();
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_millis(20)).await;
+        a.permit.tokens(1);
+    }
+    drop(a);
+    let p = adm.prediction().parameters;
+    let gap = p.decode_beside_prefill.expect("seen");
+    assert!((gap - 0.1).abs() < 1e-6, "{p:?}");
+    // Its steps outside the prefill are still what the decode fit sees.
+    assert_eq!(p.decode_observations, 1, "{p:?}");
+    // `b` decoded beside no prefill: it shows nothing of the gap.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    b.permit.tokens(1);
+    drop(b);
+    assert_eq!(
+        adm.prediction()
+            .parameters
+            .decode_beside_prefill_observations,
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn prefill_is_timed_from_when_the_upstream_started() {
     let mut l = limits(1);
     l.cost.refit = true;
