@@ -6,7 +6,8 @@
 //!   `active_max = 1`, batch runs only while no interactive request waits);
 //! - at most `heavy_active_max` heavy prompts (above `heavy_input_tokens`) are in prefill;
 //! - at most `prefill_tokens_max` prompt tokens are admitted but not past their prefill (a
-//!   longer prompt runs when nothing else prefills);
+//!   longer prompt runs when nothing else prefills), counting, where the upstream prefills the
+//!   least left first, only the prompts no longer than the asking one ([`prefill_ahead`]);
 //! - while other tenants of its class are present, a tenant leaves each of them a slot and
 //!   them all half the prefill budget.
 //!
@@ -14,6 +15,8 @@
 //! interactive before batch, the least-served tenant first, then by arrival; a waiter that
 //! yields (it would have pushed an admitted waiter past its deadline) waits until every
 //! waiter up to the one it yields to is gone.
+
+use crate::policy::PrefillOrder;
 
 /// The admission limits in force.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,7 +33,8 @@ pub struct Held {
     pub active: usize,
     /// Heavy prompts not past their prefill.
     pub heavy_prefilling: usize,
-    /// Prompt tokens not past their prefill.
+    /// Prompt tokens not past their prefill that the asking request would wait behind
+    /// ([`prefill_ahead`]).
     pub prefill_tokens: usize,
     /// Whether an interactive request waits.
     pub interactive_waiting: bool,
@@ -81,6 +85,22 @@ impl Gate {
     pub fn fits_budget(&self, prefilling: usize, prompt: usize) -> bool {
         prefilling == 0 || prefilling + prompt <= self.prefill_tokens_max
     }
+}
+
+/// The prompt tokens in prefill (`prefilling`, one prompt's tokens each) that a prompt of
+/// `prompt` tokens would wait behind in the upstream: all of them, or, where it prefills the
+/// least left first, those of the prompts no longer than it. It goes ahead of the longer ones,
+/// so they hold it back by nothing, and the budget need not hold it back for them: a 256-token
+/// prompt beside an 8K prefill under a budget of 8,192 waited out the whole prefill (~25 s on 2
+/// cores) for tokens it would never wait behind. A prompt as long as one prefilling still counts
+/// it: two 8K prefills never run together under that budget.
+pub fn prefill_ahead(
+    order: PrefillOrder,
+    prompt: usize,
+    prefilling: impl IntoIterator<Item = usize>,
+) -> usize {
+    let passes = |p: usize| order == PrefillOrder::Shortest && p > prompt;
+    prefilling.into_iter().filter(|&p| !passes(p)).sum()
 }
 
 /// A waiter's place in the grant order.
@@ -198,6 +218,28 @@ mod tests {
         };
         assert!(!GATE.admits(&held, &half, &ask(false, 2000)));
         assert!(GATE.admits(&held, &half, &ask(false, 1000)));
+    }
+
+    #[test]
+    fn the_budget_counts_only_the_prefills_a_prompt_waits_behind() {
+        let prefilling = [8000, 300];
+        // Oldest first: everything in prefill is ahead.
+        assert_eq!(prefill_ahead(PrefillOrder::Oldest, 256, prefilling), 8300);
+        // Least left first: a 256-token prompt passes both; a 1K one waits for the 300 only; an
+        // 8K one for both (as long as the 8K one: it does not pass it).
+        assert_eq!(prefill_ahead(PrefillOrder::Shortest, 256, prefilling), 0);
+        assert_eq!(prefill_ahead(PrefillOrder::Shortest, 1000, prefilling), 300);
+        assert_eq!(
+            prefill_ahead(PrefillOrder::Shortest, 8000, prefilling),
+            8300
+        );
+        let ahead = |prompt| Held {
+            active: 2,
+            prefill_tokens: prefill_ahead(PrefillOrder::Shortest, prompt, prefilling),
+            ..Held::default()
+        };
+        assert!(GATE.admits(&ahead(256), &Share::default(), &ask(false, 256)));
+        assert!(!GATE.admits(&ahead(8000), &Share::default(), &ask(false, 8000)));
     }
 
     #[test]

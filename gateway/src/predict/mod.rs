@@ -17,7 +17,7 @@ pub mod model;
 pub mod simulate;
 
 pub use busy::PrefillClock;
-pub use gate::{interactive_waiting, next_granted, Ask, Gate, Held, Place, Share};
+pub use gate::{interactive_waiting, next_granted, prefill_ahead, Ask, Gate, Held, Place, Share};
 pub use history::{History, Pair, Point};
 pub use model::{CostModel, Parameters, DECODE_TERMS, PREFILL_TERMS};
 pub use simulate::{first_tokens, prefill_next, Group, Pending, Running, Scene, PREFILL_LEFT_MIN};

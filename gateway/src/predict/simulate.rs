@@ -11,7 +11,9 @@
 //! steps however long the outputs are. A waiter may join later than now (a request told to come
 //! back, [`Pending::ready`]): it is granted nothing before then, and its arrival is an event.
 
-use super::gate::{interactive_waiting, next_granted, Ask, Gate, Held, Place, Share};
+use super::gate::{
+    interactive_waiting, next_granted, prefill_ahead, Ask, Gate, Held, Place, Share,
+};
 use super::model::CostModel;
 use crate::policy::PrefillOrder;
 
@@ -86,7 +88,6 @@ struct Slot {
 
 /// Seconds from now until each of `scene.queue`'s first token, in the queue's order.
 pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
-    let gate = scene.gate;
     let mut counters: Vec<f64> = scene.groups.iter().map(|g| g.counter).collect();
     let mut run: Vec<Slot> = scene
         .running
@@ -102,7 +103,7 @@ pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
     let mut t = 0.0;
     for _ in 0..STEPS_MAX {
         // Grants, as admission's dispatch makes them, while one may run.
-        while let Some(i) = next(&gate, &scene.groups, &counters, &run, &queue, t) {
+        while let Some(i) = next(scene, &counters, &run, &queue, t) {
             let (p, k) = queue.remove(i);
             grant(model, &mut run, &mut counters, p, k);
         }
@@ -215,13 +216,13 @@ fn joined(queue: &[(Pending, usize)], t: f64) -> Vec<usize> {
 
 /// The waiter granted next (an index into `queue`), under the rule admission's dispatch follows.
 fn next(
-    gate: &Gate,
-    groups: &[Group],
+    scene: &Scene,
     counters: &[f64],
     run: &[Slot],
     queue: &[(Pending, usize)],
     t: f64,
 ) -> Option<usize> {
+    let (gate, groups) = (&scene.gate, &scene.groups);
     let prefilling = run.iter().filter(|s| s.r.prefill_left > 0.0);
     let there = joined(queue, t);
     let order: Vec<Place> = there
@@ -231,7 +232,7 @@ fn next(
     let held = Held {
         active: run.len(),
         heavy_prefilling: prefilling.clone().filter(|s| s.r.heavy).count(),
-        prefill_tokens: prefilling.map(|s| s.r.prompt).sum(),
+        prefill_tokens: 0,
         interactive_waiting: interactive_waiting(&order),
     };
     let places: Vec<(Place, bool)> = there
@@ -252,6 +253,11 @@ fn next(
                 batch: p.batch,
                 heavy: p.heavy,
                 prompt: p.prompt,
+            };
+            let prompts = prefilling.clone().map(|s| s.r.prompt);
+            let held = Held {
+                prefill_tokens: prefill_ahead(scene.prefill_order, p.prompt, prompts),
+                ..held
             };
             (place, gate.admits(&held, &share, &ask))
         })

@@ -244,6 +244,48 @@ async fn the_prefill_budget_holds_long_prompts_until_a_prefill_ends() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_prompt_is_not_held_for_the_longer_prefills_it_goes_ahead_of() {
+    for order in [PrefillOrder::Shortest, PrefillOrder::Oldest] {
+        let mut l = limits(4);
+        l.predictive = false;
+        l.prefill_tokens_max = 8192;
+        l.prefill_order = order;
+        let adm = Admission::new(l);
+        let long = acquire(adm.clone(), ticket("a", 8000)).await.expect("slot");
+        // 8000 + 256 is past the budget; least left first, the 256 go ahead of the 8000 in the
+        // upstream, so nothing holds them back. Oldest first, they wait for the 8K prefill.
+        let mut short = spawn(&adm, ticket("a", 256));
+        settle().await;
+        let granted = short.try_recv();
+        assert_eq!(
+            granted.is_ok(),
+            order == PrefillOrder::Shortest,
+            "{order:?}"
+        );
+        // A prompt as long as the one prefilling waits under either order.
+        let mut second = spawn(&adm, ticket("a", 8000));
+        settle().await;
+        assert!(
+            second.try_recv().is_err(),
+            "{order:?}: two 8K prefills at once"
+        );
+        long.permit.first_token();
+        settle().await;
+        let short = match granted {
+            Ok(s) => s,
+            Err(_) => short.try_recv().expect("granted after the 8K prefill"),
+        }
+        .expect("slot");
+        // The short prefill is ahead of the second 8K prompt (and 8000 + 256 past the budget).
+        assert!(second.try_recv().is_err(), "{order:?}");
+        short.permit.first_token();
+        settle().await;
+        assert!(second.try_recv().is_ok(), "{order:?}");
+        drop((long, short));
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_least_served_tenant_goes_first_within_a_class() {
     let mut l = limits(1);
     l.predictive = false;

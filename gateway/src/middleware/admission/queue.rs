@@ -18,6 +18,8 @@
 //!   re-check tick ([`super::wait::RECHECK_EVERY`]);
 //! - at most `prefill_tokens_max` prompt tokens are admitted but not yet past their prefill
 //!   (a longer prompt runs when nothing else prefills): four 8K prefills never run at once;
+//!   where the upstream prefills the least left first, a prompt counts only the prompts in
+//!   prefill no longer than itself, which it would wait behind ([`prefill_ahead`]);
 //! - within a class, the tenant with the lowest virtual token counter goes first ([`super::fair`]);
 //! - with `predictive`, an arrival whose predicted time to first token misses its deadline is
 //!   refused at once with `deadline_unmeetable` ([`super::predictive`]), and so is a waiter as
@@ -43,7 +45,8 @@ use super::wait::RECHECK_EVERY;
 use crate::error::GatewayError;
 use crate::policy::{self, Class, Cost, PrefillOrder};
 use crate::predict::{
-    interactive_waiting, next_granted, Ask, CostModel, Held, History, Place, PrefillClock, Share,
+    interactive_waiting, next_granted, prefill_ahead, Ask, CostModel, Held, History, Place,
+    PrefillClock, Share,
 };
 
 /// The limits admission enforces (a view of the policy's `[admission]` table).
@@ -604,10 +607,17 @@ impl State {
     /// [`Self::may_run`], given whether an interactive waiter could be granted before batch
     /// (the same for every waiter of one dispatch round: computed once, not once per waiter).
     fn may_run_beside(&self, ticket: &Ticket, heavy: bool, interactive_waiting: bool) -> bool {
+        let prefilling = (self.flights.values())
+            .filter(|f| f.first.is_none())
+            .map(|f| f.prompt);
         let held = Held {
             active: self.active,
             heavy_prefilling: self.heavy_active,
-            prefill_tokens: self.prefill_tokens,
+            prefill_tokens: prefill_ahead(
+                self.limits.prefill_order,
+                ticket.prompt_tokens,
+                prefilling,
+            ),
             interactive_waiting,
         };
         let (slots, prefill_tokens) = self
