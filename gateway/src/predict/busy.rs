@@ -5,7 +5,9 @@
 //! chunk. The simulation ([`super::simulate`]) counts that time once, as the prefill's; a
 //! stream that decoded beside a prefill would count it again in its mean step and make every
 //! full upstream look slower than it is. So the decode fit sees only the time, and the tokens,
-//! outside any prefill.
+//! outside any prefill; the time and the tokens beside one give the gap there
+//! ([`super::CostModel::decode_beside_prefill`]), at which the simulation lets decodes go on
+//! through a prefill.
 
 use std::time::Duration;
 

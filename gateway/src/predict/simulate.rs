@@ -3,7 +3,9 @@
 //!
 //! The running requests prefill one after another (in the upstream's order, [`PrefillOrder`]:
 //! the oldest first, or the least left first, so that a shorter prompt granted later goes ahead
-//! of a longer one's rest), then decode together, one
+//! of a longer one's rest), the ones past theirs decoding beside each prefill at the gap the
+//! streams showed there ([`CostModel::decode_beside_prefill`]; unseen, they wait it out), then
+//! decode together, one
 //! token each per step, until one finishes and frees its slot; waiters are granted in the
 //! order admission grants them, under the same rule ([`super::gate`]): one function answers
 //! both an arrival and a waiter's re-check, so the two agree unless the upstream turns out
