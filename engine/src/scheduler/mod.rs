@@ -326,11 +326,13 @@ impl Scheduler {
         let (mut seqs, mut ids) = (Vec::new(), Vec::new());
         let mut mask_job = Vec::new();
         let mut n_decode = 0;
-        let hold_long = self.short_prompt_prefilling();
-        // While any request decodes, what long prompts' chunks may take of this batch: a
-        // decode step in this batch or the next waits for no more (each rank computes its
-        // micro-batches one after another).
-        let mut long_budget = if n_decoding > 0 {
+        // What long prompts' chunks may take of this batch: nothing while a short prompt is in
+        // its prefill; while any request decodes, a short chunk, so that a decode step in this
+        // batch or the next waits for no more (each rank computes its micro-batches one after
+        // another).
+        let mut long_budget = if self.short_prompt_prefilling() {
+            0
+        } else if n_decoding > 0 {
             self.cfg.decode_chunk_tokens
         } else {
             usize::MAX
@@ -350,14 +352,11 @@ impl Scheduler {
                     break;
                 }
                 let long = !pass && !self.fits_one_batch(s);
-                if long && hold_long {
+                if long && long_budget == 0 {
                     continue;
                 }
                 let mut chunk = s.remaining().min(budget);
                 if long {
-                    if long_budget == 0 {
-                        continue;
-                    }
                     chunk = chunk.min(long_budget);
                 }
                 let end = s.num_scheduled + chunk;

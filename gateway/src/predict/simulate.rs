@@ -231,12 +231,8 @@ fn next(
         .iter()
         .map(|&i| place(&queue[i].0, counters))
         .collect();
-    let held = Held {
-        active: run.len(),
-        heavy_prefilling: prefilling.clone().filter(|s| s.r.heavy).count(),
-        prefill_tokens: 0,
-        interactive_waiting: interactive_waiting(&order),
-    };
+    let (active, interactive_waiting) = (run.len(), interactive_waiting(&order));
+    let heavy_prefilling = prefilling.clone().filter(|s| s.r.heavy).count();
     let places: Vec<(Place, bool)> = there
         .iter()
         .map(|&i| &queue[i].0)
@@ -258,8 +254,10 @@ fn next(
             };
             let prompts = prefilling.clone().map(|s| s.r.prompt);
             let held = Held {
+                active,
+                heavy_prefilling,
                 prefill_tokens: prefill_ahead(scene.prefill_order, p.prompt, prompts),
-                ..held
+                interactive_waiting,
             };
             (place, gate.admits(&held, &share, &ask))
         })
