@@ -227,6 +227,12 @@ impl Client {
 
     /// Sends any bytes as the body with exactly `headers` (values may be any header bytes);
     /// the protocol's error when the server refuses the request itself.
+    ///
+    /// Like any HTTP client, it sets its connection up again (at most [`SETUP_TRIES`] times)
+    /// when the connection fails before the request was written: a TCP, TLS or HTTP/2
+    /// handshake that fails, or a connection that closed with the request still unsent
+    /// (hyper hands it back). A request is never sent twice, so whatever the gateway does with
+    /// a request it received is what the test sees. Each retry is printed.
     pub async fn raw(
         &self,
         method: &str,
@@ -234,30 +240,63 @@ impl Client {
         headers: &[(&str, &[u8])],
         body: Bytes,
     ) -> Result<Response<Incoming>, hyper::Error> {
-        let tcp = TcpStream::connect(self.addr).await.expect("connect");
-        let name = ServerName::try_from("localhost").expect("name");
-        let tls = self.connector.connect(name, tcp).await.expect("handshake");
-        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let mut req = Request::builder()
             .method(method)
             .uri(format!("https://localhost:{}{path}", self.addr.port()));
         for (k, v) in headers {
             req = req.header(*k, http::HeaderValue::from_bytes(v).expect("header value"));
         }
-        let req = req.body(Full::new(body)).expect("request");
+        let mut req = req.body(Full::new(body)).expect("request");
+        for attempt in 1.. {
+            let last = attempt == SETUP_TRIES;
+            let unsent = match self.connection().await {
+                Ok(mut send) => match send.try_send(req).await {
+                    Ok(resp) => return Ok(resp),
+                    Err(mut e) => match e.take_message() {
+                        Some(unsent) if !last => {
+                            eprintln!("client: {method} {path}: connection closed before the request was sent ({}); setting it up again", e.error());
+                            unsent
+                        }
+                        _ => return Err(e.into_error()),
+                    },
+                },
+                Err(e) if !last => {
+                    eprintln!("client: {method} {path}: connection set-up failed ({e}); trying again");
+                    req
+                }
+                Err(e) => panic!("client: {method} {path}: connection set-up failed {SETUP_TRIES} times, last: {e}"),
+            };
+            req = unsent;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        unreachable!("the loop returns by its last attempt")
+    }
+
+    /// A new connection to the gateway, over HTTP/2 when ALPN chose it (HTTP/1.1 otherwise).
+    async fn connection(&self) -> Result<Sender, String> {
+        let tcp = TcpStream::connect(self.addr)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let name = ServerName::try_from("localhost").expect("name");
+        let tls = self
+            .connector
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("TLS handshake: {e}"))?;
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let io = TokioIo::new(tls);
         if h2 {
-            let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+            let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
                 .await
-                .expect("h2 handshake");
+                .map_err(|e| format!("h2 handshake: {e}"))?;
             tokio::spawn(conn);
-            send.send_request(req).await
+            Ok(Sender::H2(send))
         } else {
-            let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+            let (send, conn) = hyper::client::conn::http1::handshake(io)
                 .await
-                .expect("h1 handshake");
+                .map_err(|e| format!("h1 handshake: {e}"))?;
             tokio::spawn(conn);
-            send.send_request(req).await
+            Ok(Sender::H1(send))
         }
     }
 
@@ -279,6 +318,28 @@ impl Client {
 
     pub async fn post(&self, path: &str, body: &Value) -> (StatusCode, http::HeaderMap, Value) {
         self.json("POST", path, Some(body)).await
+    }
+}
+
+/// How many times [`Client::raw`] sets a connection up before it gives up.
+const SETUP_TRIES: u32 = 3;
+
+/// One connection's request sender, whichever protocol ALPN chose.
+enum Sender {
+    H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+impl Sender {
+    /// Sends `req`; hyper hands the request back in the error when it was never written.
+    async fn try_send(
+        &mut self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<Full<Bytes>>>> {
+        match self {
+            Self::H1(send) => send.try_send_request(req).await,
+            Self::H2(send) => send.try_send_request(req).await,
+        }
     }
 }
 
