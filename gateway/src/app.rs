@@ -47,6 +47,8 @@ pub struct App {
     pub connections: ConnectionLimit,
     /// The probe listener's own (`server.probe_listen`, [`crate::server::PROBE_CONNECTIONS`]).
     pub probe_connections: ConnectionLimit,
+    /// TLS handshakes either listener saw fail or time out.
+    pub failed_handshakes: Arc<crate::server::FailedHandshakes>,
 }
 
 impl App {
@@ -89,6 +91,7 @@ impl App {
             alerter: Arc::default(),
             connections: ConnectionLimit::new(policy_max_connections),
             probe_connections: ConnectionLimit::new(crate::server::PROBE_CONNECTIONS),
+            failed_handshakes: Arc::default(),
             model,
         }
     }

@@ -159,6 +159,7 @@ impl Router {
             &app.connections,
             probes.then_some(&app.probe_connections),
         );
+        crate::telemetry::metrics::render_failed_handshakes(&mut text, &app.failed_handshakes);
         if let Some(shared) = &app.shared {
             crate::telemetry::metrics::render_shared(&mut text, &shared.report());
         }

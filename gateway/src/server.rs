@@ -8,6 +8,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,11 +27,33 @@ use crate::body::{Tap, TapBody};
 use crate::routes::Router;
 
 /// How long a client may take to finish the TLS handshake or send a request's headers.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections the probe listener holds open at once: probes and scrapes come from a few
 /// agents (a kubelet, a Prometheus or two), each with a connection or two.
 pub const PROBE_CONNECTIONS: usize = 32;
+
+/// TLS handshakes that never completed, on either listener: what a client that could not
+/// connect (or a scanner, or a slowloris) leaves behind, on `/metrics` as
+/// `sluice_tls_handshakes_failed_total`.
+#[derive(Debug, Default)]
+pub struct FailedHandshakes {
+    refused: AtomicU64,
+    timed_out: AtomicU64,
+}
+
+impl FailedHandshakes {
+    /// Handshakes that ended in an error (not TLS, a version or suite the server does not
+    /// offer, a client that went away).
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Handshakes not done within [`HANDSHAKE_TIMEOUT`].
+    pub fn timed_out(&self) -> u64 {
+        self.timed_out.load(Ordering::Relaxed)
+    }
+}
 
 /// Which routes a listener answers, and under which connection limit.
 #[derive(Clone, Copy, Debug)]
@@ -115,10 +138,17 @@ async fn connection(
     match tls {
         None => serve_connection(stream, routes, builder, watcher).await,
         Some(acceptor) => {
+            let failed = routes.router.app.failed_handshakes.clone();
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => serve_connection(tls, routes, builder, watcher).await,
-                Ok(Err(e)) => tracing::debug!("TLS handshake: {e}"),
-                Err(_) => tracing::debug!("TLS handshake timed out"),
+                Ok(Err(e)) => {
+                    failed.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!("TLS handshake: {e}");
+                }
+                Err(_) => {
+                    failed.timed_out.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!("TLS handshake not done within {HANDSHAKE_TIMEOUT:?}");
+                }
             }
         }
     }

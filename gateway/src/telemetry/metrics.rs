@@ -428,6 +428,22 @@ fn render_listener(out: &mut String, names: &ListenerMetrics, limit: &Connection
     );
 }
 
+/// TLS handshakes that never completed, by why: `refused` (an error: not TLS, a version or
+/// suite not offered, the client gone) and `timeout` (not done within
+/// [`crate::server::HANDSHAKE_TIMEOUT`]). Timeouts rising with load, not with scanners, mean
+/// the gateway itself was too slow to finish handshakes.
+pub fn render_failed_handshakes(out: &mut String, failed: &crate::server::FailedHandshakes) {
+    let name = "sluice_tls_handshakes_failed_total";
+    help(
+        out,
+        name,
+        "TLS handshakes that never completed, by reason (refused: an error; timeout: not done in time).",
+        "counter",
+    );
+    let _ = writeln!(out, "{name}{{reason=\"refused\"}} {}", failed.refused());
+    let _ = writeln!(out, "{name}{{reason=\"timeout\"}} {}", failed.timed_out());
+}
+
 /// The state shared with the deployment's other gateways through Redis (`[shared]`).
 pub fn render_shared(out: &mut String, s: &crate::shared::Report) {
     let gauges = [

@@ -14,10 +14,10 @@ use tokio_rustls::TlsConnector;
 
 use super::catalogue::{KEY, PROMPT};
 use super::{gateway, gateway_with, hostile_policy, still_serves};
-use crate::common::{certs, Client};
+use crate::common::{certs, Client, Gateway};
 
-/// The server's bound on a TLS handshake and on a request's headers (`server.rs`).
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The server's bound on a TLS handshake and on a request's headers.
+const HEADER_TIMEOUT: Duration = sluice_gateway::server::HANDSHAKE_TIMEOUT;
 
 /// Reads until the peer closes (or fails); what it sent, and when it closed.
 async fn until_closed(
@@ -87,9 +87,28 @@ async fn slow_headers_and_silent_connections_are_closed() {
         closed >= HEADER_TIMEOUT - Duration::from_secs(1),
         "closed after {closed:?}"
     );
+    // The handshake never begun is counted; the slow headers came after a good one.
+    assert_eq!(failed_handshakes(&gw, "timeout").await, 1);
+    assert_eq!(failed_handshakes(&gw, "refused").await, 0);
     still_serves(&gw).await;
     gw.assert_accounted().await;
     gw.shutdown().await;
+}
+
+/// `sluice_tls_handshakes_failed_total{reason}` on the gateway's `/metrics`.
+async fn failed_handshakes(gw: &Gateway, reason: &str) -> u64 {
+    let metrics = gw.client().send("GET", "/metrics", None).await;
+    let text = http_body_util::BodyExt::collect(metrics.into_body())
+        .await
+        .expect("metrics")
+        .to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    let line = format!("sluice_tls_handshakes_failed_total{{reason=\"{reason}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(line.as_str()))
+        .unwrap_or_else(|| panic!("no {line} in {text}"))
+        .parse()
+        .expect("a count")
 }
 
 /// A ClientHello offering only TLS 1.1 (with suites the server has).
@@ -144,6 +163,8 @@ async fn tls_garbage_and_tls11_are_refused() {
             );
         }
     }
+    assert_eq!(failed_handshakes(&gw, "refused").await, 3);
+    assert_eq!(failed_handshakes(&gw, "timeout").await, 0);
     still_serves(&gw).await;
     gw.assert_accounted().await;
     gw.shutdown().await;
