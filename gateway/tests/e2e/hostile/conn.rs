@@ -95,14 +95,19 @@ async fn slow_headers_and_silent_connections_are_closed() {
     gw.shutdown().await;
 }
 
-/// `sluice_tls_handshakes_failed_total{reason}` on the gateway's `/metrics`.
-async fn failed_handshakes(gw: &Gateway, reason: &str) -> u64 {
+/// The gateway's `/metrics`.
+async fn metrics(gw: &Gateway) -> String {
     let metrics = gw.client().send("GET", "/metrics", None).await;
     let text = http_body_util::BodyExt::collect(metrics.into_body())
         .await
         .expect("metrics")
         .to_bytes();
-    let text = String::from_utf8_lossy(&text);
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+/// `sluice_tls_handshakes_failed_total{reason}` on the gateway's `/metrics`.
+async fn failed_handshakes(gw: &Gateway, reason: &str) -> u64 {
+    let text = metrics(gw).await;
     let line = format!("sluice_tls_handshakes_failed_total{{reason=\"{reason}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(line.as_str()))
@@ -398,12 +403,7 @@ async fn past_max_connections_a_client_waits_for_a_close() {
     assert_eq!(status, StatusCode::OK, "{v}");
     assert!(freed.elapsed() < HEADER_TIMEOUT / 2);
     drop(silent);
-    let metrics = gw.client().send("GET", "/metrics", None).await;
-    let text = http_body_util::BodyExt::collect(metrics.into_body())
-        .await
-        .expect("metrics")
-        .to_bytes();
-    let text = String::from_utf8_lossy(&text);
+    let text = metrics(&gw).await;
     assert!(text.contains("sluice_connections_max 2"), "{text}");
     let waits: u64 = text
         .lines()
