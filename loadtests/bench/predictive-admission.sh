@@ -4,7 +4,7 @@
 # gateway with count-based admission only, (c) the gateway with predictive admission. One JSON
 # per setup and rate, plus the gateway's /ui/stats after each run (predicted vs actual TTFT).
 #
-#   RATES="0.3 0.6 1.0" DUR=45s DEADLINE=5s [ORDER=oldest] \
+#   RATES="0.3 0.6 1.0" DUR=45s DEADLINE=5s [ORDER=oldest] [COST=calibrated-policy.toml] \
 #     loadtests/bench/predictive-admission.sh [OUT_DIR]
 #   DEADLINE=5 python3 loadtests/bench/predictive-report.py loadtests/results/predictive
 #
@@ -13,6 +13,8 @@
 # uptime.txt gets a line (setup, rate, time, load) after each run. ORDER is the engine's prefill
 # order, given to the engine and to the gateway's `upstream.prefill_order`: `shortest` (the
 # bundled engine's, as the gateway starts it) unless set; the runs before 2026-12-06 had `oldest`.
+# COST: a policy written by `sluice-load calibrate` against this engine, whose [admission.cost]
+# seeds (c)'s model (the shipped seed otherwise; the runs before 2026-12-06 evening had none).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source loadtests/bench/lib.sh
@@ -26,6 +28,7 @@ SEED=${SEED:-20261201}
 SETUPS=${SETUPS:-"engine count predictive"}
 DEADLINE=${DEADLINE:-5s}
 ORDER=${ORDER:-shortest}
+COST=${COST:-}
 EPORT=18611
 GPORT=18612
 mkdir -p "$OUT"
@@ -52,6 +55,10 @@ urls = ["http://127.0.0.1:$EPORT"]
 tokenizer = "$MODEL"
 prefill_order = "$ORDER"
 TOML
+  if [ "$1" = true ] && [ -n "$COST" ]; then
+    # The calibrated [admission.cost] section: from its header to the next section.
+    awk '/^\[/ { on = ($0 == "[admission.cost]") } on' "$COST" >>"$OUT/policy.toml"
+  fi
 }
 
 for setup in $SETUPS; do

@@ -122,12 +122,16 @@ pub struct CostFit {
     pub prefill_ms_per_1k_squared: f64,
     pub decode_base_ms: f64,
     pub decode_ms_per_seq: f64,
+    /// What a prefill costs more per 1K tokens beside a decoding request (0 unprobed).
+    pub prefill_ms_per_1k_beside_decodes: f64,
     /// Prompt tokens whose prefill takes half the TTFT target: a short request arriving behind
     /// that much prefill still meets the target.
     pub prefill_tokens_max: usize,
     /// The probes behind it: (prompt tokens, TTFT p50 s alone) and (running, s per token).
     pub probes: Vec<(usize, f64)>,
     pub steps: Vec<(usize, f64)>,
+    /// (prompt tokens, TTFT p50 s) of the probe beside a decoding request, if one ran.
+    pub beside: Option<(usize, f64)>,
 }
 
 /// Least squares of `y` on the features in `terms` (indices), others 0; `None` when the
@@ -205,9 +209,17 @@ fn least_squares(rows: &[(Vec<f64>, f64)]) -> Option<Vec<f64>> {
     best.map(|(_, theta)| theta)
 }
 
-/// The cost model from prefill probes (prompt tokens, TTFT p50 alone, s) and decode levels
-/// (requests running, mean time per output token, s), for a TTFT target of `target` s.
-pub fn fit_cost(probes: &[(usize, f64)], steps: &[(usize, f64)], target: f64) -> Option<CostFit> {
+/// The cost model from prefill probes (prompt tokens, TTFT p50 alone, s), decode levels
+/// (requests running, mean time per output token, s) and a probe beside a decoding request
+/// (prompt tokens, TTFT p50, s), for a TTFT target of `target` s. What the probe beside took
+/// over the prefill curve's time alone, per 1K tokens, is `prefill_ms_per_1k_beside_decodes`
+/// (the whole probe ran beside the decode: share 1).
+pub fn fit_cost(
+    probes: &[(usize, f64)],
+    steps: &[(usize, f64)],
+    beside: Option<(usize, f64)>,
+    target: f64,
+) -> Option<CostFit> {
     let prefill_rows: Vec<(Vec<f64>, f64)> = probes
         .iter()
         .map(|&(p, t)| {
@@ -234,6 +246,10 @@ pub fn fit_cost(probes: &[(usize, f64)], steps: &[(usize, f64)], target: f64) ->
         let k = tokens as f64 / 1000.0;
         pre[0] + pre[1] * k + pre[2] * k * k
     };
+    let per_1k_beside = beside.map_or(0.0, |(p, t)| {
+        let k = p as f64 / 1000.0;
+        ((t - prefill_s(p)) / k).max(0.0)
+    });
     let mut budget = 256;
     while budget < 65_536 && prefill_s(budget + 256) <= target / 2.0 {
         budget += 256;
@@ -245,9 +261,11 @@ pub fn fit_cost(probes: &[(usize, f64)], steps: &[(usize, f64)], target: f64) ->
         prefill_ms_per_1k_squared: ms(pre[2]),
         decode_base_ms: ms(dec[0]),
         decode_ms_per_seq: ms(dec[1]),
+        prefill_ms_per_1k_beside_decodes: ms(per_1k_beside),
         prefill_tokens_max: budget,
         probes: probes.to_vec(),
         steps: steps.to_vec(),
+        beside,
     })
 }
 
@@ -263,18 +281,24 @@ fn cost_lines(c: &CostFit) -> (String, String) {
         .iter()
         .map(|(n, s)| format!("{n} running {:.1} ms", s * 1000.0))
         .collect();
+    let beside = c.beside.map_or_else(
+        || "not probed".to_owned(),
+        |(p, t)| format!("{p} tok {t:.2} s"),
+    );
     (
         format!(
             "# Prefill of half the TTFT target's time: a short request behind it still meets the target.\nprefill_tokens_max = {}",
             c.prefill_tokens_max
         ),
         format!(
-            "[admission.cost]\n# Calibrated: TTFT alone {}; time per output token {}.\nprefill_base_ms = {}\nprefill_ms_per_1k = {}\nprefill_ms_per_1k_squared = {}\ndecode_base_ms = {}\ndecode_ms_per_seq = {}\n",
+            "[admission.cost]\n# Calibrated: TTFT alone {}; beside a decoding request {}; time per output token {}.\nprefill_base_ms = {}\nprefill_ms_per_1k = {}\nprefill_ms_per_1k_squared = {}\nprefill_ms_per_1k_beside_decodes = {}\ndecode_base_ms = {}\ndecode_ms_per_seq = {}\n",
             probes.join(", "),
+            beside,
             steps.join(", "),
             c.prefill_base_ms,
             c.prefill_ms_per_1k,
             c.prefill_ms_per_1k_squared,
+            c.prefill_ms_per_1k_beside_decodes,
             c.decode_base_ms,
             c.decode_ms_per_seq
         ),
@@ -493,7 +517,14 @@ mod tests {
             })
             .collect();
         let steps = [(1, 0.025), (2, 0.030), (4, 0.040)];
-        let c = fit_cost(&probes, &steps, 4.0).unwrap();
+        // Beside a decoding request a 4K prompt takes 3 s more: 732 ms per 1K.
+        let k4 = 4.096;
+        let beside = (4096, 0.1 + 0.5 * k4 + 0.05 * k4 * k4 + 3.0);
+        let c = fit_cost(&probes, &steps, Some(beside), 4.0).unwrap();
+        assert!(
+            (c.prefill_ms_per_1k_beside_decodes - 732.42).abs() < 0.5,
+            "{c:?}"
+        );
         assert!((c.prefill_base_ms - 100.0).abs() < 0.5, "{c:?}");
         assert!((c.prefill_ms_per_1k - 500.0).abs() < 0.5, "{c:?}");
         assert!((c.prefill_ms_per_1k_squared - 50.0).abs() < 0.5, "{c:?}");
@@ -502,9 +533,13 @@ mod tests {
         // 2 s of prefill: 0.1 + 0.5k + 0.05k² = 2 → k ≈ 3.05: 2,816 tokens in 256 blocks.
         assert_eq!(c.prefill_tokens_max, 2816);
         // One probe: the per-token term alone.
-        let one = fit_cost(&[(1000, 0.8)], &[], 4.0).unwrap();
+        let one = fit_cost(&[(1000, 0.8)], &[], None, 4.0).unwrap();
         assert_eq!((one.prefill_base_ms, one.prefill_ms_per_1k), (0.0, 800.0));
-        assert!(fit_cost(&[], &[], 1.0).is_none());
+        // Unprobed beside decodes, or faster there than alone (noise): 0, never negative.
+        assert_eq!(one.prefill_ms_per_1k_beside_decodes, 0.0);
+        let faster = fit_cost(&[(1000, 0.8)], &[], Some((1000, 0.7)), 4.0).unwrap();
+        assert_eq!(faster.prefill_ms_per_1k_beside_decodes, 0.0);
+        assert!(fit_cost(&[], &[], None, 1.0).is_none());
 
         let base = "[admission]\nactive_max = 4\nprefill_tokens_max = 1\n\n[admission.cost]\n# old\nprefill_base_ms = 9\n\n[upstream]\nkind = \"bundled\"\n";
         let out = with_cost(base, &c);
@@ -517,6 +552,10 @@ mod tests {
         assert!(out.contains("[upstream]\nkind"), "{out}");
         let cost = &out[out.find("[admission.cost]").unwrap()..];
         assert!(cost.contains("\nprefill_ms_per_1k = 500\n"), "{out}");
+        assert!(
+            cost.contains("\nprefill_ms_per_1k_beside_decodes = 732.42\n"),
+            "{out}"
+        );
         let admission = &out[..out.find("[upstream]").unwrap()];
         assert!(admission.contains("prefill_tokens_max = 2816"), "{out}");
     }
@@ -533,7 +572,7 @@ mod tests {
             })
             .collect();
         let steps = [(1, 0.01), (2, 0.03), (4, 0.07)];
-        let c = fit_cost(&probes, &steps, 2.0).unwrap();
+        let c = fit_cost(&probes, &steps, None, 2.0).unwrap();
         assert!(c.prefill_base_ms >= 0.0, "{c:?}");
         assert!(c.prefill_ms_per_1k > 0.0, "{c:?}");
         assert!(c.prefill_ms_per_1k_squared >= 0.0, "{c:?}");

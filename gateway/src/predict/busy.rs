@@ -1,4 +1,6 @@
-//! How long some prefill was running: the time a decode observation must leave out.
+//! Stopwatches over the upstream's work as the gateway sees it: how long some prefill was
+//! running (the time a decode observation must leave out), and how long some request was
+//! decoding (the share of a prefill spent beside decodes, which slows it).
 //!
 //! The bundled engine (like vLLM's v1 scheduler) puts the running decodes and a prefill chunk
 //! in the same step, so while a prompt prefills, every decode step takes as long as the
@@ -13,16 +15,27 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// A stopwatch that runs while any prefill is in flight.
+/// How far back [`BusyClock::recent_share`] looks: its weights halve every
+/// `RECENT × ln 2` (about 21 s). Long enough to hold several short requests' decodes (a few
+/// seconds each), short enough to follow a change of load within a minute.
+const RECENT: Duration = Duration::from_secs(30);
+
+/// A stopwatch that runs while the upstream is busy with something (some prefill in flight,
+/// some request decoding), and the share of recent time it ran.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct PrefillClock {
+pub struct BusyClock {
     since: Option<Instant>,
     total: Duration,
+    /// The share of recent time busy ([`RECENT`]), as of `share_at`.
+    share: f64,
+    share_at: Option<Instant>,
 }
 
-impl PrefillClock {
-    /// Whether a prefill is in flight from `now` on.
+impl BusyClock {
+    /// Whether it is busy from `now` on.
     pub fn set(&mut self, busy: bool, now: Instant) {
+        self.share = self.recent_share(now);
+        self.share_at = Some(now);
         match (busy, self.since) {
             (true, None) => self.since = Some(now),
             (false, Some(since)) => {
@@ -33,12 +46,24 @@ impl PrefillClock {
         }
     }
 
-    /// Whether a prefill is in flight.
+    /// Whether it is busy.
     pub fn busy(&self) -> bool {
         self.since.is_some()
     }
 
-    /// Prefill time so far; the difference of two readings is the prefill time between them.
+    /// The share of recent time (0–1) it was busy, each instant weighted by
+    /// `exp(−age / RECENT)`; 0 before it was ever set (nothing seen: nothing assumed).
+    pub fn recent_share(&self, now: Instant) -> f64 {
+        let Some(at) = self.share_at else {
+            return 0.0;
+        };
+        let age = now.saturating_duration_since(at).as_secs_f64();
+        let keep = (-age / RECENT.as_secs_f64()).exp();
+        let now_busy = if self.busy() { 1.0 } else { 0.0 };
+        self.share * keep + now_busy * (1.0 - keep)
+    }
+
+    /// Busy time so far; the difference of two readings is the busy time between them.
     pub fn reading(&self, now: Instant) -> Duration {
         self.total
             + self
@@ -53,7 +78,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn counts_only_the_time_some_prefill_runs() {
-        let mut c = PrefillClock::default();
+        let mut c = BusyClock::default();
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         c.set(false, at(0));
@@ -67,5 +92,30 @@ mod tests {
         assert_eq!(c.reading(at(9)), Duration::from_secs(3));
         c.set(true, at(10));
         assert_eq!(c.reading(at(12)) - c.reading(at(9)), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_recent_share_follows_how_much_of_the_last_half_minute_was_busy() {
+        let mut c = BusyClock::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(c.recent_share(at(0)), 0.0);
+        c.set(false, at(0));
+        assert_eq!(c.recent_share(at(100)), 0.0);
+        // Busy from then on: after one time constant the share is 1 − 1/e.
+        c.set(true, at(100));
+        let one = c.recent_share(at(130));
+        assert!((one - (1.0 - (-1.0f64).exp())).abs() < 1e-9, "{one}");
+        // Busy 4 s in every 5 for ten minutes: about 0.8, whatever the phase.
+        for i in 0..120 {
+            c.set(true, at(200 + 5 * i));
+            c.set(false, at(204 + 5 * i));
+        }
+        let share = c.recent_share(at(800));
+        assert!((share - 0.8).abs() < 0.05, "{share}");
+        // Idle for a minute: it fades.
+        assert!(c.recent_share(at(860)) < 0.15);
+        // Reading it changes nothing.
+        assert_eq!(c.recent_share(at(860)), c.recent_share(at(860)));
     }
 }

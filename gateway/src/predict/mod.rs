@@ -3,7 +3,8 @@
 //! - [`model`]: the upstream's cost model (prefill time, decode step time), seeded from the
 //!   policy and refitted online.
 //! - [`fit`]: the online least squares behind it.
-//! - [`busy`]: the time some prefill ran, which decode observations leave out.
+//! - [`busy`]: the time some prefill ran, which decode observations leave out, and the share
+//!   of time some request decoded, which slows a prefill.
 //! - [`gate`]: the grant rule and order, shared by admission's dispatch and the simulation.
 //! - [`simulate`]: the upstream played forward under the model: every waiter's predicted time
 //!   to first token from the work running and the queue around it.
@@ -16,8 +17,8 @@ pub mod history;
 pub mod model;
 pub mod simulate;
 
-pub use busy::PrefillClock;
+pub use busy::BusyClock;
 pub use gate::{interactive_waiting, next_granted, prefill_ahead, Ask, Gate, Held, Place, Share};
 pub use history::{History, Pair, Point};
-pub use model::{CostModel, Parameters, DECODE_TERMS, PREFILL_TERMS};
+pub use model::{Beside, CostModel, Parameters, DECODE_TERMS, PREFILL_TERMS};
 pub use simulate::{first_tokens, prefill_next, Group, Pending, Running, Scene, PREFILL_LEFT_MIN};

@@ -1,9 +1,15 @@
 //! The upstream's cost model: two functions, fitted online.
 //!
 //! - **Prefill** of a prompt of `p` tokens while `c` tokens of other sequences' context are
-//!   running: `base + a·k + b·k² + r·k·(c/10⁴)` seconds, `k = p/1000`. The linear term is the
-//!   weights, the square the attention over the prompt itself, the last the decode rows of the
-//!   running sequences that a chunked prefill carries in every step.
+//!   running, a share `φ` of it beside other requests' decodes:
+//!   `base + a·k + b·k² + r·k·(c/10⁴) + d·k·φ` seconds, `k = p/1000`. The linear term is the
+//!   weights, the square the attention over the prompt itself, the fourth the decode rows of
+//!   the running sequences that a chunked prefill carries in every step, the last what a
+//!   prompt's chunks cost more while others decode: an upstream that keeps its decodes
+//!   flowing cuts a long prompt into smaller chunks then (the bundled engine, 16 tokens:
+//!   a 4K prefill 9.2 s alone, 12.2 s with decodes beside all of it, on Zen 3), and each
+//!   chunk reads the weights once. `φ` is measured over each prefill, and predicted as the
+//!   share of recent time some request decoded ([`super::busy::BusyClock::recent_share`]).
 //! - **Decode step** with `n` sequences running over `c` tokens of context:
 //!   `base + s·n + q·(c/10⁴)` seconds per token of each sequence.
 //!
@@ -20,15 +26,21 @@
 use super::fit::OnlineFit;
 use crate::policy::Cost;
 
-/// Prefill features: `[1, k, k², k·c]`.
-pub const PREFILL_TERMS: [&str; 4] = ["base", "per_1k", "per_1k_squared", "per_1k_per_10k_running"];
+/// Prefill features: `[1, k, k², k·c, k·φ]`.
+pub const PREFILL_TERMS: [&str; 5] = [
+    "base",
+    "per_1k",
+    "per_1k_squared",
+    "per_1k_per_10k_running",
+    "per_1k_beside_decodes",
+];
 /// Decode features: `[1, n, c]`.
 pub const DECODE_TERMS: [&str; 3] = ["base", "per_seq", "per_10k_context"];
 
 /// The two fits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CostModel {
-    prefill: OnlineFit<4>,
+    prefill: OnlineFit<5>,
     decode: OnlineFit<3>,
     /// Seconds between a stream's tokens while some prefill runs (`None`: none seen yet).
     beside_prefill: Option<f64>,
@@ -40,10 +52,27 @@ pub struct CostModel {
 /// the fits ([`super::fit`]).
 const BESIDE_PREFILL_GAIN: f64 = 0.2;
 
-fn prefill_x(prompt: usize, running_context: usize) -> [f64; 4] {
+/// Where a prefill runs: the other sequences' context, and the share of it beside decodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Beside {
+    /// Tokens of context of the sequences running.
+    pub context: usize,
+    /// The share of the prefill (0–1) during which some other request decodes.
+    pub decoding: f64,
+}
+
+impl Beside {
+    /// An idle upstream: nothing running, nothing decoding.
+    pub const IDLE: Beside = Beside {
+        context: 0,
+        decoding: 0.0,
+    };
+}
+
+fn prefill_x(prompt: usize, beside: Beside) -> [f64; 5] {
     let k = prompt as f64 / 1000.0;
-    let c = running_context as f64 / 10_000.0;
-    [1.0, k, k * k, k * c]
+    let c = beside.context as f64 / 10_000.0;
+    [1.0, k, k * k, k * c, k * beside.decoding.clamp(0.0, 1.0)]
 }
 
 fn decode_x(running: usize, context: usize) -> [f64; 3] {
@@ -59,6 +88,7 @@ impl CostModel {
             ms(seed.prefill_ms_per_1k),
             ms(seed.prefill_ms_per_1k_squared),
             ms(seed.prefill_ms_per_1k_per_10k_running),
+            ms(seed.prefill_ms_per_1k_beside_decodes),
         ];
         let decode = [
             ms(seed.decode_base_ms),
@@ -78,6 +108,7 @@ impl CostModel {
                     spread(0.5 * prefill[1], 0.25),
                     spread(prefill[2], 0.1),
                     spread(prefill[3], 0.1),
+                    spread(prefill[4], 0.25),
                 ],
             ),
             decode: OnlineFit::new(
@@ -94,11 +125,9 @@ impl CostModel {
         }
     }
 
-    /// Seconds to prefill `prompt` tokens beside `running_context` tokens of running sequences.
-    pub fn prefill(&self, prompt: usize, running_context: usize) -> f64 {
-        self.prefill
-            .predict(&prefill_x(prompt, running_context))
-            .max(0.0)
+    /// Seconds to prefill `prompt` tokens `beside` the other requests.
+    pub fn prefill(&self, prompt: usize, beside: Beside) -> f64 {
+        self.prefill.predict(&prefill_x(prompt, beside)).max(0.0)
     }
 
     /// Seconds per decode step with `running` sequences over `context` tokens.
@@ -106,8 +135,8 @@ impl CostModel {
         self.decode.predict(&decode_x(running, context)).max(1e-4)
     }
 
-    /// A prefill took `seconds`.
-    pub fn observe_prefill(&mut self, prompt: usize, running_context: usize, seconds: f64) {
+    /// A prefill `beside` the other requests took `seconds`.
+    pub fn observe_prefill(&mut self, prompt: usize, beside: Beside, seconds: f64) {
         if self.refit {
             // Timing noise grows with the time measured: 20% of it, at least 2 ms (a
             // loopback upstream's jitter). A floor near the short prompts' own prefill (20 ms
@@ -115,7 +144,7 @@ impl CostModel {
             // fit would average them instead of following the short ones.
             let noise = (0.2 * seconds).max(0.002);
             self.prefill
-                .observe(&prefill_x(prompt, running_context), seconds, noise);
+                .observe(&prefill_x(prompt, beside), seconds, noise);
         }
     }
 
@@ -158,7 +187,7 @@ impl CostModel {
 /// The model's coefficients (seconds) and how many observations shaped them.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Parameters {
-    pub prefill: [f64; 4],
+    pub prefill: [f64; 5],
     pub decode: [f64; 3],
     /// Seconds between a decoding request's tokens while another prefills (`None`: unseen).
     pub decode_beside_prefill: Option<f64>,
@@ -175,7 +204,7 @@ mod tests {
     fn seeded_from_the_policy_then_refitted() {
         let seed = Cost::default();
         let mut m = CostModel::new(&seed);
-        let cold = m.prefill(256, 0);
+        let cold = m.prefill(256, Beside::IDLE);
         let expect = (seed.prefill_base_ms
             + 0.256 * seed.prefill_ms_per_1k
             + 0.256 * 0.256 * seed.prefill_ms_per_1k_squared)
@@ -184,10 +213,10 @@ mod tests {
         // An upstream whose prefill is 3 s per 1K tokens, plus 0.1 s.
         for i in 0..300 {
             let p = [256, 1024, 4096, 8192][i % 4];
-            m.observe_prefill(p, 0, 0.1 + 3.0 * p as f64 / 1000.0);
+            m.observe_prefill(p, Beside::IDLE, 0.1 + 3.0 * p as f64 / 1000.0);
             m.observe_decode(1 + i % 4, 1000, 0.02 + 0.01 * (1 + i % 4) as f64);
         }
-        let at_4k = m.prefill(4096, 0);
+        let at_4k = m.prefill(4096, Beside::IDLE);
         assert!((at_4k - 12.388).abs() < 0.6, "{at_4k}");
         let step = m.decode_step(4, 1000);
         assert!((step - 0.06).abs() < 0.005, "{step}");
@@ -197,10 +226,47 @@ mod tests {
             refit: false,
             ..Cost::default()
         });
-        frozen.observe_prefill(4096, 0, 100.0);
-        assert_eq!(frozen.prefill(256, 0), cold);
+        frozen.observe_prefill(4096, Beside::IDLE, 100.0);
+        assert_eq!(frozen.prefill(256, Beside::IDLE), cold);
         frozen.observe_decode_beside_prefill(0.1);
         assert_eq!(frozen.decode_beside_prefill(), None);
+    }
+
+    #[test]
+    fn a_prefill_beside_decodes_learns_its_own_cost() {
+        // Long prompts take 0.8 s per 1K alone and 0.75 s per 1K more beside decodes (the
+        // bundled engine's 16-token chunks on Zen 3); short ones show neither.
+        let mut m = CostModel::new(&Cost::default());
+        let truth = |p: usize, share: f64| 0.02 + (0.8 + 0.75 * share) * p as f64 / 1000.0;
+        for i in 0..200 {
+            let p = [256, 256, 256, 4096, 8192][i % 5];
+            let share = [0.0, 1.0, 0.5, 0.0, 0.7][(i / 5) % 5];
+            let beside = Beside {
+                context: 0,
+                decoding: share,
+            };
+            m.observe_prefill(p, beside, truth(p, share));
+        }
+        for share in [0.0, 0.5, 1.0] {
+            let beside = Beside {
+                context: 0,
+                decoding: share,
+            };
+            let (got, want) = (m.prefill(8192, beside), truth(8192, share));
+            assert!((got - want).abs() < 0.05 * want, "{share}: {got} vs {want}");
+        }
+        let d = m.parameters().prefill[4];
+        assert!((d - 0.75).abs() < 0.1, "{d}");
+        // A share past 1 (or below 0) is clamped, not extrapolated.
+        let over = Beside {
+            context: 0,
+            decoding: 3.0,
+        };
+        let full = Beside {
+            context: 0,
+            decoding: 1.0,
+        };
+        assert_eq!(m.prefill(8192, over), m.prefill(8192, full));
     }
 
     #[test]

@@ -16,7 +16,7 @@
 use super::gate::{
     interactive_waiting, next_granted, prefill_ahead, Ask, Gate, Held, Place, Share,
 };
-use super::model::CostModel;
+use super::model::{Beside, CostModel};
 use crate::policy::PrefillOrder;
 
 /// A request holding a slot.
@@ -67,6 +67,9 @@ pub struct Scene {
     pub groups: Vec<Group>,
     pub running: Vec<Running>,
     pub queue: Vec<Pending>,
+    /// The share of a prefill expected beside other requests' decodes
+    /// ([`crate::predict::Beside::decoding`]): how much of recent time some request decoded.
+    pub decoding: f64,
 }
 
 /// The least prefill a running request can have left and still count as prefilling (0 counts
@@ -107,7 +110,7 @@ pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
         // Grants, as admission's dispatch makes them, while one may run.
         while let Some(i) = next(scene, &counters, &run, &queue, t) {
             let (p, k) = queue.remove(i);
-            grant(model, &mut run, &mut counters, p, k);
+            grant(model, scene.decoding, &mut run, &mut counters, p, k);
         }
         if left == 0 {
             break;
@@ -158,7 +161,7 @@ pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
                 break;
             };
             let (p, k) = queue.remove(there[i]);
-            grant(model, &mut run, &mut counters, p, k);
+            grant(model, scene.decoding, &mut run, &mut counters, p, k);
             continue;
         }
         // Everyone decodes until the next one finishes, or the next waiter joins.
@@ -265,11 +268,20 @@ fn next(
     next_granted(&places).map(|i| there[i])
 }
 
-fn grant(model: &CostModel, run: &mut Vec<Slot>, counters: &mut [f64], p: Pending, waiter: usize) {
+fn grant(
+    model: &CostModel,
+    decoding: f64,
+    run: &mut Vec<Slot>,
+    counters: &mut [f64],
+    p: Pending,
+    waiter: usize,
+) {
     counters[p.group] += p.prompt as f64;
-    let prefill_left = model
-        .prefill(p.prompt, context_of(run))
-        .max(PREFILL_LEFT_MIN);
+    let beside = Beside {
+        context: context_of(run),
+        decoding,
+    };
+    let prefill_left = model.prefill(p.prompt, beside).max(PREFILL_LEFT_MIN);
     run.push(Slot {
         r: Running {
             prompt: p.prompt,
@@ -319,6 +331,7 @@ mod tests {
             prefill_ms_per_1k: 1000.0,
             prefill_ms_per_1k_squared: 0.0,
             prefill_ms_per_1k_per_10k_running: 0.0,
+            prefill_ms_per_1k_beside_decodes: 0.0,
             decode_base_ms: 10.0,
             decode_ms_per_seq: 0.0,
             decode_ms_per_10k_context: 0.0,
@@ -363,6 +376,7 @@ mod tests {
             groups: vec![Group::default(); 2],
             running: running.to_vec(),
             queue: queue.to_vec(),
+            decoding: 0.0,
         }
     }
 

@@ -3,15 +3,18 @@
 //! model (`[admission.cost]`) and prefill-token budget predictive admission starts from.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use sluice_loadtests::calibrate::{calibrate, fit_cost, policy_toml, with_cost, Level, RatePoint};
+use sluice_loadtests::client::{Api, Connection};
 use sluice_loadtests::measure::measure;
 use sluice_loadtests::prompts::Shape;
 use sluice_loadtests::report;
-use sluice_loadtests::scenario::{Row, RowKind};
-use sluice_loadtests::workload::{Arrivals, Bound, Workload};
+use sluice_loadtests::request::completion;
+use sluice_loadtests::scenario::{JobContext, Row, RowKind};
+use sluice_loadtests::workload::{Arrivals, Bound, Target, Workload};
 
 use super::common::{self, ClientArgs, PromptArgs};
 
@@ -44,6 +47,11 @@ pub struct CalibrateArgs {
     /// prefill curve; empty: no `[admission.cost]` written.
     #[arg(long, value_delimiter = ',', default_value = "256,1024,4096")]
     pub prefill_probe: Vec<usize>,
+    /// A prompt length probed (8 output tokens, 2 requests) while another request decodes
+    /// throughout: what a prefill costs more beside decodes
+    /// (`prefill_ms_per_1k_beside_decodes`). 0: not probed.
+    #[arg(long, default_value_t = 4096)]
+    pub beside_probe: usize,
     /// The policy file written.
     #[arg(long, default_value = "calibrated-policy.toml")]
     pub out: PathBuf,
@@ -161,18 +169,26 @@ pub async fn main(args: CalibrateArgs) -> Result<bool> {
             probes.push((p, t));
         }
     }
+    let beside = match args.beside_probe {
+        0 => None,
+        p => {
+            let shortest = probes.iter().min_by_key(|(p, _)| *p).map(|(_, t)| *t);
+            probe_beside_decode(p, shortest, &args.url, &target, &ctx, next_base).await?
+        }
+    };
     let steps: Vec<(usize, f64)> = levels
         .iter()
         .filter_map(|l| l.stats.tpot.mean.map(|t| (l.concurrency, t)))
         .collect();
     let mut toml = policy_toml(&cal, base_policy.as_deref());
-    if let Some(cost) = fit_cost(&probes, &steps, args.ttft_p95) {
+    if let Some(cost) = fit_cost(&probes, &steps, beside, args.ttft_p95) {
         outln!(
-            "cost model: prefill {} ms + {} ms/1K + {} ms/1K²; decode step {} ms + {} ms per \
-             request; prefill_tokens_max = {}",
+            "cost model: prefill {} ms + {} ms/1K + {} ms/1K² (+ {} ms/1K beside decodes); \
+             decode step {} ms + {} ms per request; prefill_tokens_max = {}",
             cost.prefill_base_ms,
             cost.prefill_ms_per_1k,
             cost.prefill_ms_per_1k_squared,
+            cost.prefill_ms_per_1k_beside_decodes,
             cost.decode_base_ms,
             cost.decode_ms_per_seq,
             cost.prefill_tokens_max
@@ -195,4 +211,40 @@ pub async fn main(args: CalibrateArgs) -> Result<bool> {
         args.out.display()
     )?;
     Ok(cal.met)
+}
+
+/// Output tokens the decoding request beside the probe asks for (`ignore_eos`): more than it
+/// can produce while two probes run; it is cancelled once they are done.
+const BESIDE_DECODE_TOKENS: usize = 4096;
+
+/// The TTFT p50 of two `prompt`:8 requests sent while a 256-token request decodes beside them
+/// throughout; `None` when none succeeded. The decoding request is sent first and given
+/// three times the shortest probe's time alone (`shortest`, at least a second) to reach its
+/// first token.
+async fn probe_beside_decode(
+    prompt: usize,
+    shortest: Option<f64>,
+    url: &str,
+    target: &Target,
+    ctx: &JobContext,
+    base: u64,
+) -> Result<Option<(usize, f64)>> {
+    let text = ctx.prompts.prompt(256, base + 2)?;
+    let body = completion(&ctx.model, &text, BESIDE_DECODE_TOKENS);
+    let mut conn = Connection::new(target.endpoint.clone());
+    let timeout = target.timeout;
+    let decoding = tokio::spawn(async move { conn.send(Api::Completions, body, timeout).await });
+    let settle = (3.0 * shortest.unwrap_or(0.0)).max(1.0);
+    tokio::time::sleep(Duration::from_secs_f64(settle)).await;
+    let shape = Shape {
+        label: format!("{prompt}:8 beside a decode"),
+        input: prompt,
+        output: 8,
+    };
+    let r = row(&shape, Workload::Closed { concurrency: 1 }, 2);
+    let entry = measure(&r, url, target, ctx, base, true).await;
+    decoding.abort();
+    let entry = entry?;
+    outln!("{}", report::table_row(&entry))?;
+    Ok(entry.stats.ttft.p50.map(|t| (prompt, t)))
 }

@@ -22,6 +22,7 @@ fn cost() -> Cost {
         prefill_ms_per_1k: 1000.0,
         prefill_ms_per_1k_squared: 0.0,
         prefill_ms_per_1k_per_10k_running: 0.0,
+        prefill_ms_per_1k_beside_decodes: 0.0,
         decode_base_ms: 10.0,
         decode_ms_per_seq: 2.0,
         decode_ms_per_10k_context: 0.0,
@@ -73,7 +74,7 @@ async fn upstream(
     let mut open = true;
     let take = |run: &mut Vec<(Grant, f64, usize)>, g: Grant| {
         let at = run.partition_point(|(r, ..)| r.permit.id() < g.permit.id());
-        let prefill = model.prefill(g.prompt, 0);
+        let prefill = model.prefill(g.prompt, crate::predict::Beside::IDLE);
         run.insert(at, (g, prefill, 0));
     };
     loop {

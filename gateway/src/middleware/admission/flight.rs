@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::policy::Class;
+use crate::predict::Beside;
 
 #[derive(Clone, Debug)]
 pub(super) struct Flight {
@@ -28,8 +29,12 @@ pub(super) struct Flight {
     /// Predicted at the grant: grant → first token, and the own prefill within it (s).
     pub predicted_upstream: f64,
     pub own_prefill: f64,
-    /// Other flights' context (tokens) at the grant.
-    pub context_at_grant: usize,
+    /// Where its prefill was predicted to run, at the grant: the other flights' context, and
+    /// the share beside decodes then expected.
+    pub beside_at_grant: Beside,
+    /// The decode clock's reading when its upstream time started (`State::decode_clock`): the
+    /// share of its prefill beside decodes is measured from here.
+    pub decode_clock_at_start: Duration,
     pub first: Option<Instant>,
     /// Seconds of the upstream's prefill time credited to it so far (`State::credit_prefill`:
     /// the time goes to the prefill the upstream's order runs).
@@ -40,7 +45,7 @@ pub(super) struct Flight {
     /// Output tokens seen so far, and how many of them came while some prefill ran.
     pub tokens: usize,
     pub tokens_beside_prefill: usize,
-    /// The prefill clock's reading at the first token ([`crate::predict::PrefillClock`]).
+    /// The prefill clock's reading at the first token ([`crate::predict::BusyClock`]).
     pub prefill_clock_at_first: Duration,
 }
 

@@ -8,8 +8,8 @@
 //!
 //! - **Deadline.** The class's (`admission.interactive_ttft_deadline`, `batch_ttft_deadline`),
 //!   lowered by `x-sluice-ttft-deadline-ms`. A prompt that cannot meet it even on an idle
-//!   upstream is held to twice its idle prediction instead: served when the upstream is quiet,
-//!   never refused forever.
+//!   upstream is held to [`ALONE_SLACK`] times its idle prediction instead: served when the
+//!   upstream is all but quiet, never refused forever.
 //! - **Margin.** An arrival is admitted only if its prediction, lengthened by how far recent
 //!   first tokens came later than predicted ([`State::margin`]), meets its deadline; a waiter
 //!   is refused only once the prediction itself misses. An error the model has shown recently
@@ -39,8 +39,14 @@ use super::hold::Hold;
 use super::queue::{State, Ticket, Waiter};
 use crate::error::{retry_after_secs, GatewayError, Unmeetable};
 use crate::policy::Class;
-use crate::predict::{self, Gate, Group, Pair, Parameters, Pending, Point, Running, Scene};
+use crate::predict::{self, Beside, Gate, Group, Pair, Parameters, Pending, Point, Running, Scene};
 
+/// A prompt that cannot meet its deadline even alone is held to this many times its idle
+/// prediction: served while the upstream is all but quiet. At 2 (until 2026-12-06) an 8K
+/// prompt on Zen 3 (26 s alone against a 30 s deadline) was admitted beside steady short
+/// traffic, took 33–37 s, missed anyway, and held the short requests' prefills back for all of
+/// it (docs/capacity.md, item 5).
+const ALONE_SLACK: f64 = 1.25;
 /// The output share assumed before any stream ended: half of `max_tokens` (low, so a cold
 /// model errs toward admitting).
 pub const OUTPUT_SHARE_SEED: f64 = 0.5;
@@ -178,6 +184,7 @@ impl State {
             groups: groups.resolve(self, arrival.map(|n| n.ticket)),
             running,
             queue,
+            decoding: self.decode_clock.recent_share(now),
         };
         predict::first_tokens(&self.model, &scene)
     }
@@ -185,7 +192,7 @@ impl State {
     /// Seconds of prefill flight `f` has left after `spent` of it: the model's time less what
     /// was spent, and once that is past, [`PREFILL_OVERRUN_SHARE`] of how late it is.
     fn prefill_left(&self, f: &Flight, spent: f64) -> f64 {
-        let own = self.model.prefill(f.prompt, f.context_at_grant);
+        let own = self.model.prefill(f.prompt, f.beside_at_grant);
         let late = (spent - own).max(0.0);
         (own - spent)
             .max(PREFILL_OVERRUN_SHARE * late)
@@ -209,6 +216,15 @@ impl State {
             None => self.prefill_left(f, f.prefill_spent),
         });
         predict::prefill_next(self.limits.prefill_order, left).map(|i| *flights[i].0)
+    }
+
+    /// Where a prefill granted now would run: beside the flights' context, and beside decodes
+    /// for as much of it as some request decoded of recent time.
+    fn beside_now(&self, now: Instant) -> Beside {
+        Beside {
+            context: self.flights.values().map(Flight::context).sum(),
+            decoding: self.decode_clock.recent_share(now),
+        }
     }
 
     /// Seconds since the upstream's prefill time was last credited.
@@ -258,8 +274,8 @@ impl State {
         let asked = ticket
             .deadline
             .map_or(class_deadline, |d| d.min(class_deadline));
-        let alone = self.model.prefill(ticket.prompt_tokens, 0);
-        asked.max(secs(2.0 * alone))
+        let alone = self.model.prefill(ticket.prompt_tokens, Beside::IDLE);
+        asked.max(secs(ALONE_SLACK * alone))
     }
 
     /// Seconds to add to a prediction of `predicted` seconds for how late recent first tokens
@@ -394,7 +410,7 @@ impl State {
             ..
         } = &mut err
         {
-            let prefill = secs(self.model.prefill(ticket.prompt_tokens, 0));
+            let prefill = secs(self.model.prefill(ticket.prompt_tokens, Beside::IDLE));
             (*retry_after, *line_full) = self.returns.place(*retry_after, prefill, RETURN_LINE_MAX);
             if self.limits.hold_for_returns {
                 // Back when the client is told: `Retry-After` in whole seconds.
@@ -486,8 +502,8 @@ impl State {
         };
         // Granted now: behind the flights, before every waiter.
         let predicted_upstream = self.first_token_granted(&alone);
-        let context: usize = self.flights.values().map(Flight::context).sum();
-        let own_prefill = self.model.prefill(ticket.prompt_tokens, context);
+        let beside = self.beside_now(now);
+        let own_prefill = self.model.prefill(ticket.prompt_tokens, beside);
         self.fair
             .charge(ticket.class, &ticket.tenant, ticket.prompt_tokens as f64);
         self.prefill_tokens += ticket.prompt_tokens;
@@ -507,7 +523,8 @@ impl State {
                 predicted,
                 predicted_upstream,
                 own_prefill,
-                context_at_grant: context,
+                beside_at_grant: beside,
+                decode_clock_at_start: self.decode_clock.reading(now),
                 first: None,
                 prefill_spent: 0.0,
                 running_at_first: 0,
@@ -545,9 +562,11 @@ impl State {
                 yields_to: None,
             };
             f.predicted_upstream = self.first_token_granted(&alone);
-            f.context_at_grant = self.flights.values().map(Flight::context).sum();
-            f.own_prefill = self.model.prefill(f.prompt, f.context_at_grant);
-            f.started = Some(Instant::now());
+            let now = Instant::now();
+            f.beside_at_grant = self.beside_now(now);
+            f.own_prefill = self.model.prefill(f.prompt, f.beside_at_grant);
+            f.decode_clock_at_start = self.decode_clock.reading(now);
+            f.started = Some(now);
             f.prefill_spent = 0.0;
         }
         self.flights.insert(id, f);
@@ -571,6 +590,7 @@ impl State {
         self.heavy_active -= usize::from(f.heavy);
         self.prefill_clock.set(self.prefill_tokens > 0, now);
         f.prefill_clock_at_first = self.prefill_clock.reading(now);
+        self.decode_clock.set(true, now);
         if !f.stream {
             return None;
         }
@@ -579,8 +599,17 @@ impl State {
             .saturating_duration_since(f.upstream_from())
             .as_secs_f64();
         let prefill = (f.own_prefill + upstream - f.predicted_upstream).max(0.0);
-        self.model
-            .observe_prefill(f.prompt, f.context_at_grant, prefill);
+        // Where it ran: the context predicted at the grant, and the share of its upstream time
+        // that some other request decoded, as measured (its own decode starts only now).
+        let decoded = self
+            .decode_clock
+            .reading(now)
+            .saturating_sub(f.decode_clock_at_start);
+        let beside = Beside {
+            context: f.beside_at_grant.context,
+            decoding: decoded.as_secs_f64() / upstream.max(f64::EPSILON),
+        };
+        self.model.observe_prefill(f.prompt, beside, prefill);
         let pair = Pair {
             at: now,
             predicted: f.predicted,
@@ -641,6 +670,8 @@ impl State {
     pub(super) fn cancel_flight(&mut self, id: u64) -> Option<Flight> {
         self.credit_prefill(Instant::now());
         let f = self.flights.remove(&id)?;
+        let decoding = self.flights.values().any(|f| f.first.is_some());
+        self.decode_clock.set(decoding, Instant::now());
         if f.first.is_none() {
             self.prefill_tokens -= f.prompt;
             self.heavy_active -= usize::from(f.heavy);

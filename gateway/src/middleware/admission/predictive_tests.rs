@@ -16,6 +16,7 @@ fn cost() -> Cost {
         prefill_ms_per_1k: 1000.0,
         prefill_ms_per_1k_squared: 0.0,
         prefill_ms_per_1k_per_10k_running: 0.0,
+        prefill_ms_per_1k_beside_decodes: 0.0,
         decode_base_ms: 10.0,
         decode_ms_per_seq: 0.0,
         decode_ms_per_10k_context: 0.0,
@@ -79,7 +80,7 @@ async fn a_short_request_on_a_cold_model_is_admitted_with_its_prediction() {
         p > Duration::ZERO && p < Duration::from_secs(1),
         "cold prediction {p:?}"
     );
-    // Even an 8K prompt alone is admitted: held to twice its own idle prediction.
+    // Even an 8K prompt alone is admitted: held to 1.25 times its own idle prediction.
     drop(a);
     acquire(adm.clone(), Ticket::new(Class::Interactive, 8192))
         .await
@@ -607,6 +608,80 @@ async fn a_stream_decoding_beside_a_prefill_shows_the_gap_there() {
             .decode_beside_prefill_observations,
         1
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_prompt_is_told_its_prefill_slows_beside_the_decodes_of_recent_time() {
+    // 1 s per 1K tokens alone, 0.5 s per 1K more beside decodes; 12 s interactive deadline.
+    let mut l = limits(4);
+    l.cost.prefill_ms_per_1k_beside_decodes = 500.0;
+    l.interactive_ttft_deadline = Duration::from_secs(12);
+    let adm = Admission::new(l);
+    let told = |a: &Admitted| a.permit.predicted().as_secs_f64();
+    // Nothing has decoded: an 8K prompt is told its 8 s alone.
+    let quiet = acquire(adm.clone(), ticket("a", 8000)).await.expect("slot");
+    assert!((told(&quiet) - 8.0).abs() < 1e-3, "{}", told(&quiet));
+    drop(quiet);
+    // Short requests decode one after another for a minute, a gap of 1 s in every 5.
+    for _ in 0..12 {
+        let s = acquire(adm.clone(), ticket("b", 100)).await.expect("slot");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        s.permit.first_token();
+        tokio::time::advance(Duration::from_millis(3900)).await;
+        drop(s);
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    // Three quarters of the time decoding, the last second idle (the latest weighs most):
+    // about two thirds of recent time, so 8 s + ~0.66 × 4 s, told so.
+    let busy = acquire(adm.clone(), ticket("a", 8000)).await.expect("slot");
+    let t = told(&busy);
+    assert!(t > 10.4 && t < 11.2, "{t}");
+    drop(busy);
+    // A 10K prompt then misses its 12.5 s (1.25 times its 10 s alone: over the 12 s deadline;
+    // ~13.3 s here) and is refused at once; a minute later, nothing having decoded since, it
+    // is admitted.
+    let err = acquire(adm.clone(), ticket("a", 10_000))
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(err, GatewayError::DeadlineUnmeetable { .. }),
+        "{err:?}"
+    );
+    tokio::time::advance(Duration::from_secs(60)).await;
+    let later = acquire(adm.clone(), ticket("a", 10_000))
+        .await
+        .expect("admitted once the decodes have faded");
+    assert!(told(&later) < 10.5, "{}", told(&later));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prefill_beside_decodes_teaches_the_model_what_they_cost() {
+    let mut l = limits(2);
+    l.cost.refit = true;
+    // Every prompt is admitted, however late the first ones come against the seed.
+    l.interactive_ttft_deadline = Duration::from_secs(60);
+    let adm = Admission::new(l);
+    // Every other 2K prompt prefills beside `a`'s decode and takes 3 s; the others prefill
+    // alone in the seed's 2 s.
+    for i in 0..30 {
+        let a = if i % 2 == 0 {
+            let a = acquire(adm.clone(), ticket("a", 100)).await.expect("slot");
+            tokio::time::advance(Duration::from_millis(100)).await;
+            a.permit.first_token();
+            Some(a)
+        } else {
+            None
+        };
+        let b = acquire(adm.clone(), ticket("b", 2000)).await.expect("slot");
+        let took = if a.is_some() { 3 } else { 2 };
+        tokio::time::advance(Duration::from_secs(took)).await;
+        b.permit.first_token();
+        drop((a, b));
+    }
+    let p = adm.prediction().parameters;
+    // 1 s more per 2K tokens beside decodes: 0.5 s per 1K.
+    assert!((p.prefill[4] - 0.5).abs() < 0.1, "{p:?}");
+    assert!((p.prefill[1] - 1.0).abs() < 0.15, "{p:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -45,8 +45,8 @@ use super::wait::RECHECK_EVERY;
 use crate::error::GatewayError;
 use crate::policy::{self, Class, Cost, PrefillOrder};
 use crate::predict::{
-    interactive_waiting, next_granted, prefill_ahead, Ask, CostModel, Held, History, Place,
-    PrefillClock, Share,
+    interactive_waiting, next_granted, prefill_ahead, Ask, BusyClock, CostModel, Held, History,
+    Place, Share,
 };
 
 /// The limits admission enforces (a view of the policy's `[admission]` table).
@@ -183,7 +183,10 @@ pub(super) struct State {
     pub(super) flights: HashMap<u64, Flight>,
     /// Prompt tokens of the flights not yet past their prefill, and how long there were any.
     pub(super) prefill_tokens: usize,
-    pub(super) prefill_clock: PrefillClock,
+    pub(super) prefill_clock: BusyClock,
+    /// How long some flight was decoding (past its first token): the share of a prefill
+    /// beside decodes, measured and predicted ([`crate::predict::Beside`]).
+    pub(super) decode_clock: BusyClock,
     /// Until when the upstream's prefill time has been credited to the flights
     /// ([`Flight::prefill_spent`], `State::credit_prefill`).
     pub(super) prefill_credited: Instant,
@@ -358,7 +361,8 @@ impl Admission {
                 ready_wakers: Vec::new(),
                 flights: HashMap::new(),
                 prefill_tokens: 0,
-                prefill_clock: PrefillClock::default(),
+                prefill_clock: BusyClock::default(),
+                decode_clock: BusyClock::default(),
                 prefill_credited: Instant::now(),
                 fair: Fairness::default(),
                 model: CostModel::new(&limits.cost),
