@@ -122,8 +122,8 @@ pub struct CostFit {
     pub prefill_ms_per_1k_squared: f64,
     pub decode_base_ms: f64,
     pub decode_ms_per_seq: f64,
-    /// What a prefill costs more per 1K tokens beside a decoding request (0 unprobed).
-    pub prefill_ms_per_1k_beside_decodes: f64,
+    /// What a prefill costs more beside a decoding request, per 1K² tokens (0 unprobed).
+    pub prefill_ms_per_1k_squared_beside_decodes: f64,
     /// Prompt tokens whose prefill takes half the TTFT target: a short request arriving behind
     /// that much prefill still meets the target.
     pub prefill_tokens_max: usize,
@@ -212,7 +212,9 @@ fn least_squares(rows: &[(Vec<f64>, f64)]) -> Option<Vec<f64>> {
 /// The cost model from prefill probes (prompt tokens, TTFT p50 alone, s), decode levels
 /// (requests running, mean time per output token, s) and a probe beside a decoding request
 /// (prompt tokens, TTFT p50, s), for a TTFT target of `target` s. What the probe beside took
-/// over the prefill curve's time alone, per 1K tokens, is `prefill_ms_per_1k_beside_decodes`
+/// over the prefill curve's time alone, per 1K² tokens (the extra grows with the square of the
+/// prompt: each small chunk reads the context before it again), is
+/// `prefill_ms_per_1k_squared_beside_decodes`
 /// (the whole probe ran beside the decode: share 1).
 pub fn fit_cost(
     probes: &[(usize, f64)],
@@ -248,7 +250,7 @@ pub fn fit_cost(
     };
     let per_1k_beside = beside.map_or(0.0, |(p, t)| {
         let k = p as f64 / 1000.0;
-        ((t - prefill_s(p)) / k).max(0.0)
+        ((t - prefill_s(p)) / (k * k)).max(0.0)
     });
     let mut budget = 256;
     while budget < 65_536 && prefill_s(budget + 256) <= target / 2.0 {
@@ -261,7 +263,7 @@ pub fn fit_cost(
         prefill_ms_per_1k_squared: ms(pre[2]),
         decode_base_ms: ms(dec[0]),
         decode_ms_per_seq: ms(dec[1]),
-        prefill_ms_per_1k_beside_decodes: ms(per_1k_beside),
+        prefill_ms_per_1k_squared_beside_decodes: ms(per_1k_beside),
         prefill_tokens_max: budget,
         probes: probes.to_vec(),
         steps: steps.to_vec(),
@@ -291,14 +293,14 @@ fn cost_lines(c: &CostFit) -> (String, String) {
             c.prefill_tokens_max
         ),
         format!(
-            "[admission.cost]\n# Calibrated: TTFT alone {}; beside a decoding request {}; time per output token {}.\nprefill_base_ms = {}\nprefill_ms_per_1k = {}\nprefill_ms_per_1k_squared = {}\nprefill_ms_per_1k_beside_decodes = {}\ndecode_base_ms = {}\ndecode_ms_per_seq = {}\n",
+            "[admission.cost]\n# Calibrated: TTFT alone {}; beside a decoding request {}; time per output token {}.\nprefill_base_ms = {}\nprefill_ms_per_1k = {}\nprefill_ms_per_1k_squared = {}\nprefill_ms_per_1k_squared_beside_decodes = {}\ndecode_base_ms = {}\ndecode_ms_per_seq = {}\n",
             probes.join(", "),
             beside,
             steps.join(", "),
             c.prefill_base_ms,
             c.prefill_ms_per_1k,
             c.prefill_ms_per_1k_squared,
-            c.prefill_ms_per_1k_beside_decodes,
+            c.prefill_ms_per_1k_squared_beside_decodes,
             c.decode_base_ms,
             c.decode_ms_per_seq
         ),
@@ -517,12 +519,12 @@ mod tests {
             })
             .collect();
         let steps = [(1, 0.025), (2, 0.030), (4, 0.040)];
-        // Beside a decoding request a 4K prompt takes 3 s more: 732 ms per 1K.
+        // Beside a decoding request a 4K prompt takes 3 s more: 178.81 ms per 1K².
         let k4 = 4.096;
         let beside = (4096, 0.1 + 0.5 * k4 + 0.05 * k4 * k4 + 3.0);
         let c = fit_cost(&probes, &steps, Some(beside), 4.0).unwrap();
         assert!(
-            (c.prefill_ms_per_1k_beside_decodes - 732.42).abs() < 0.5,
+            (c.prefill_ms_per_1k_squared_beside_decodes - 178.81).abs() < 0.01,
             "{c:?}"
         );
         assert!((c.prefill_base_ms - 100.0).abs() < 0.5, "{c:?}");
@@ -536,9 +538,9 @@ mod tests {
         let one = fit_cost(&[(1000, 0.8)], &[], None, 4.0).unwrap();
         assert_eq!((one.prefill_base_ms, one.prefill_ms_per_1k), (0.0, 800.0));
         // Unprobed beside decodes, or faster there than alone (noise): 0, never negative.
-        assert_eq!(one.prefill_ms_per_1k_beside_decodes, 0.0);
+        assert_eq!(one.prefill_ms_per_1k_squared_beside_decodes, 0.0);
         let faster = fit_cost(&[(1000, 0.8)], &[], Some((1000, 0.7)), 4.0).unwrap();
-        assert_eq!(faster.prefill_ms_per_1k_beside_decodes, 0.0);
+        assert_eq!(faster.prefill_ms_per_1k_squared_beside_decodes, 0.0);
         assert!(fit_cost(&[], &[], None, 1.0).is_none());
 
         let base = "[admission]\nactive_max = 4\nprefill_tokens_max = 1\n\n[admission.cost]\n# old\nprefill_base_ms = 9\n\n[upstream]\nkind = \"bundled\"\n";
@@ -553,7 +555,7 @@ mod tests {
         let cost = &out[out.find("[admission.cost]").unwrap()..];
         assert!(cost.contains("\nprefill_ms_per_1k = 500\n"), "{out}");
         assert!(
-            cost.contains("\nprefill_ms_per_1k_beside_decodes = 732.42\n"),
+            cost.contains("\nprefill_ms_per_1k_squared_beside_decodes = 178.81\n"),
             "{out}"
         );
         let admission = &out[..out.find("[upstream]").unwrap()];

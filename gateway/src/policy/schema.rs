@@ -148,9 +148,9 @@ pub struct Cost {
     pub prefill_ms_per_1k_squared: f64,
     /// Prefill: the running sequences' decode rows carried along (× k × running tokens / 10K).
     pub prefill_ms_per_1k_per_10k_running: f64,
-    /// Prefill: per 1K prompt tokens more while other requests decode (× k × the share of the
-    /// prefill beside decodes).
-    pub prefill_ms_per_1k_beside_decodes: f64,
+    /// Prefill: more while other requests decode, per 1K² prompt tokens (× k² × the share of
+    /// the prefill beside decodes).
+    pub prefill_ms_per_1k_squared_beside_decodes: f64,
     /// Decode step: fixed cost.
     pub decode_base_ms: f64,
     /// Decode step: per running sequence.
@@ -170,7 +170,7 @@ impl Default for Cost {
             prefill_ms_per_1k: 500.0,
             prefill_ms_per_1k_squared: 50.0,
             prefill_ms_per_1k_per_10k_running: 0.0,
-            prefill_ms_per_1k_beside_decodes: 0.0,
+            prefill_ms_per_1k_squared_beside_decodes: 0.0,
             decode_base_ms: 10.0,
             decode_ms_per_seq: 2.0,
             decode_ms_per_10k_context: 0.0,

@@ -319,8 +319,8 @@ fn admission(a: &Admission, l: &Limits, out: &mut Problems) {
             c.prefill_ms_per_1k_per_10k_running,
         ),
         (
-            "prefill_ms_per_1k_beside_decodes",
-            c.prefill_ms_per_1k_beside_decodes,
+            "prefill_ms_per_1k_squared_beside_decodes",
+            c.prefill_ms_per_1k_squared_beside_decodes,
         ),
         ("decode_base_ms", c.decode_base_ms),
         ("decode_ms_per_seq", c.decode_ms_per_seq),

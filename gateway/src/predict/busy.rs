@@ -11,6 +11,7 @@
 //! ([`super::CostModel::decode_beside_prefill`]), at which the simulation lets decodes go on
 //! through a prefill.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -72,6 +73,42 @@ impl BusyClock {
     }
 }
 
+/// How far back [`RecentGrants`] counts.
+const GRANTS_WINDOW: Duration = Duration::from_secs(60);
+
+/// The requests granted over the last minute, each with the output it is expected to decode:
+/// how much decoding the arrivals bring.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecentGrants {
+    list: VecDeque<(Instant, f64)>,
+}
+
+impl RecentGrants {
+    /// A request granted `now`, expected to decode `output` tokens.
+    pub fn push(&mut self, now: Instant, output: f64) {
+        while self
+            .list
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) > GRANTS_WINDOW)
+        {
+            self.list.pop_front();
+        }
+        self.list.push_back((now, output));
+    }
+
+    /// The mean number of requests decoding at once (`λ·D`) if requests keep arriving at the
+    /// last minute's rate `λ` and each decodes its expected output `gap` seconds a token (`D`).
+    pub fn decoding_at_once(&self, now: Instant, gap: f64) -> f64 {
+        let outputs: f64 = self
+            .list
+            .iter()
+            .filter(|(at, _)| now.saturating_duration_since(*at) <= GRANTS_WINDOW)
+            .map(|(_, output)| output)
+            .sum();
+        outputs * gap / GRANTS_WINDOW.as_secs_f64()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +129,24 @@ mod tests {
         assert_eq!(c.reading(at(9)), Duration::from_secs(3));
         c.set(true, at(10));
         assert_eq!(c.reading(at(12)) - c.reading(at(9)), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn recent_grants_say_how_many_would_decode_at_once() {
+        let mut g = RecentGrants::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(g.decoding_at_once(at(0), 0.1), 0.0);
+        // 0.2 req/s for five minutes, 64 tokens each at 0.15 s: 0.2 × 9.6 s ≈ 1.9 at once.
+        for i in 0..60 {
+            g.push(at(5 * i), 64.0);
+        }
+        let load = g.decoding_at_once(at(300), 0.15);
+        assert!((load - 1.92).abs() < 0.05, "{load}");
+        // Only the last minute is kept.
+        assert!(g.list.len() <= 13, "{}", g.list.len());
+        // A minute and more with none: none.
+        assert_eq!(g.decoding_at_once(at(400), 0.15), 0.0);
     }
 
     #[tokio::test(start_paused = true)]

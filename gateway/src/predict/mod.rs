@@ -17,7 +17,7 @@ pub mod history;
 pub mod model;
 pub mod simulate;
 
-pub use busy::BusyClock;
+pub use busy::{BusyClock, RecentGrants};
 pub use gate::{interactive_waiting, next_granted, prefill_ahead, Ask, Gate, Held, Place, Share};
 pub use history::{History, Pair, Point};
 pub use model::{Beside, CostModel, Parameters, DECODE_TERMS, PREFILL_TERMS};

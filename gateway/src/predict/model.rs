@@ -2,14 +2,14 @@
 //!
 //! - **Prefill** of a prompt of `p` tokens while `c` tokens of other sequences' context are
 //!   running, a share `φ` of it beside other requests' decodes:
-//!   `base + a·k + b·k² + r·k·(c/10⁴) + d·k·φ` seconds, `k = p/1000`. The linear term is the
+//!   `base + a·k + b·k² + r·k·(c/10⁴) + e·k²·φ` seconds, `k = p/1000`. The linear term is the
 //!   weights, the square the attention over the prompt itself, the fourth the decode rows of
 //!   the running sequences that a chunked prefill carries in every step, the last what a
 //!   prompt's chunks cost more while others decode: an upstream that keeps its decodes
-//!   flowing cuts a long prompt into smaller chunks then (the bundled engine, 16 tokens:
-//!   a 4K prefill 9.2 s alone, 12.2 s with decodes beside all of it, on Zen 3), and each
-//!   chunk reads the weights once. `φ` is measured over each prefill, and predicted as the
-//!   share of recent time some request decoded ([`super::busy::BusyClock::recent_share`]).
+//!   flowing cuts a long prompt into smaller chunks then (the bundled engine: 16 tokens), and
+//!   each chunk reads the whole context before it again, so the extra grows with the square
+//!   of the prompt (on Zen 3, 3.5 s at 4K and 13.7 s at 8K). `φ` is measured over each
+//!   prefill; how it is predicted is admission's (`State::decoding_share`).
 //! - **Decode step** with `n` sequences running over `c` tokens of context:
 //!   `base + s·n + q·(c/10⁴)` seconds per token of each sequence.
 //!
@@ -26,13 +26,13 @@
 use super::fit::OnlineFit;
 use crate::policy::Cost;
 
-/// Prefill features: `[1, k, k², k·c, k·φ]`.
+/// Prefill features: `[1, k, k², k·c, k²·φ]`.
 pub const PREFILL_TERMS: [&str; 5] = [
     "base",
     "per_1k",
     "per_1k_squared",
     "per_1k_per_10k_running",
-    "per_1k_beside_decodes",
+    "per_1k_squared_beside_decodes",
 ];
 /// Decode features: `[1, n, c]`.
 pub const DECODE_TERMS: [&str; 3] = ["base", "per_seq", "per_10k_context"];
@@ -72,7 +72,13 @@ impl Beside {
 fn prefill_x(prompt: usize, beside: Beside) -> [f64; 5] {
     let k = prompt as f64 / 1000.0;
     let c = beside.context as f64 / 10_000.0;
-    [1.0, k, k * k, k * c, k * beside.decoding.clamp(0.0, 1.0)]
+    [
+        1.0,
+        k,
+        k * k,
+        k * c,
+        k * k * beside.decoding.clamp(0.0, 1.0),
+    ]
 }
 
 fn decode_x(running: usize, context: usize) -> [f64; 3] {
@@ -88,7 +94,7 @@ impl CostModel {
             ms(seed.prefill_ms_per_1k),
             ms(seed.prefill_ms_per_1k_squared),
             ms(seed.prefill_ms_per_1k_per_10k_running),
-            ms(seed.prefill_ms_per_1k_beside_decodes),
+            ms(seed.prefill_ms_per_1k_squared_beside_decodes),
         ];
         let decode = [
             ms(seed.decode_base_ms),
@@ -234,10 +240,13 @@ mod tests {
 
     #[test]
     fn a_prefill_beside_decodes_learns_its_own_cost() {
-        // Long prompts take 0.8 s per 1K alone and 0.75 s per 1K more beside decodes (the
-        // bundled engine's 16-token chunks on Zen 3); short ones show neither.
+        // Prompts take 0.8 s per 1K alone and 0.2 s per 1K² more beside decodes (the bundled
+        // engine's 16-token chunks on Zen 3); short ones hardly show the latter.
         let mut m = CostModel::new(&Cost::default());
-        let truth = |p: usize, share: f64| 0.02 + (0.8 + 0.75 * share) * p as f64 / 1000.0;
+        let truth = |p: usize, share: f64| {
+            let k = p as f64 / 1000.0;
+            0.02 + 0.8 * k + 0.2 * k * k * share
+        };
         for i in 0..200 {
             let p = [256, 256, 256, 4096, 8192][i % 5];
             let share = [0.0, 1.0, 0.5, 0.0, 0.7][(i / 5) % 5];
@@ -255,8 +264,8 @@ mod tests {
             let (got, want) = (m.prefill(8192, beside), truth(8192, share));
             assert!((got - want).abs() < 0.05 * want, "{share}: {got} vs {want}");
         }
-        let d = m.parameters().prefill[4];
-        assert!((d - 0.75).abs() < 0.1, "{d}");
+        let e = m.parameters().prefill[4];
+        assert!((e - 0.2).abs() < 0.03, "{e}");
         // A share past 1 (or below 0) is clamped, not extrapolated.
         let over = Beside {
             context: 0,

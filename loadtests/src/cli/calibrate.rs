@@ -49,7 +49,7 @@ pub struct CalibrateArgs {
     pub prefill_probe: Vec<usize>,
     /// A prompt length probed (8 output tokens, 2 requests) while another request decodes
     /// throughout: what a prefill costs more beside decodes
-    /// (`prefill_ms_per_1k_beside_decodes`). 0: not probed.
+    /// (`prefill_ms_per_1k_squared_beside_decodes`). 0: not probed.
     #[arg(long, default_value_t = 4096)]
     pub beside_probe: usize,
     /// The policy file written.
@@ -183,12 +183,12 @@ pub async fn main(args: CalibrateArgs) -> Result<bool> {
     let mut toml = policy_toml(&cal, base_policy.as_deref());
     if let Some(cost) = fit_cost(&probes, &steps, beside, args.ttft_p95) {
         outln!(
-            "cost model: prefill {} ms + {} ms/1K + {} ms/1K² (+ {} ms/1K beside decodes); \
+            "cost model: prefill {} ms + {} ms/1K + {} ms/1K² (+ {} ms/1K² beside decodes); \
              decode step {} ms + {} ms per request; prefill_tokens_max = {}",
             cost.prefill_base_ms,
             cost.prefill_ms_per_1k,
             cost.prefill_ms_per_1k_squared,
-            cost.prefill_ms_per_1k_beside_decodes,
+            cost.prefill_ms_per_1k_squared_beside_decodes,
             cost.decode_base_ms,
             cost.decode_ms_per_seq,
             cost.prefill_tokens_max

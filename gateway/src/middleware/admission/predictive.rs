@@ -184,7 +184,7 @@ impl State {
             groups: groups.resolve(self, arrival.map(|n| n.ticket)),
             running,
             queue,
-            decoding: self.decode_clock.recent_share(now),
+            decoding: self.decoding_share(now),
         };
         predict::first_tokens(&self.model, &scene)
     }
@@ -218,12 +218,28 @@ impl State {
         predict::prefill_next(self.limits.prefill_order, left).map(|i| *flights[i].0)
     }
 
+    /// The share of a prefill starting now expected beside other requests' decodes: the larger
+    /// of the share of recent time some request decoded, and the share of time at least one
+    /// would decode if requests keep coming as in the last minute, each decoding its expected
+    /// output at the gap beside a prefill (`1 − e^(−λD)`, as for a queue with a server for
+    /// everyone). The second foresees what the first cannot: a long prefill slows the decodes
+    /// beside it, so the requests that arrive during it decode beside it for longer (on Zen 3,
+    /// 0.14 s a token there against 0.02 s alone); unseen gap: the first alone.
+    fn decoding_share(&self, now: Instant) -> f64 {
+        let recent = self.decode_clock.recent_share(now);
+        let Some(gap) = self.model.decode_beside_prefill() else {
+            return recent;
+        };
+        let at_once = self.recent_grants.decoding_at_once(now, gap);
+        recent.max(1.0 - (-at_once).exp())
+    }
+
     /// Where a prefill granted now would run: beside the flights' context, and beside decodes
-    /// for as much of it as some request decoded of recent time.
+    /// for the share [`Self::decoding_share`] expects.
     fn beside_now(&self, now: Instant) -> Beside {
         Beside {
             context: self.flights.values().map(Flight::context).sum(),
-            decoding: self.decode_clock.recent_share(now),
+            decoding: self.decoding_share(now),
         }
     }
 
@@ -504,6 +520,8 @@ impl State {
         let predicted_upstream = self.first_token_granted(&alone);
         let beside = self.beside_now(now);
         let own_prefill = self.model.prefill(ticket.prompt_tokens, beside);
+        let output = self.expected_output(ticket.max_tokens);
+        self.recent_grants.push(now, output);
         self.fair
             .charge(ticket.class, &ticket.tenant, ticket.prompt_tokens as f64);
         self.prefill_tokens += ticket.prompt_tokens;

@@ -16,7 +16,7 @@ fn cost() -> Cost {
         prefill_ms_per_1k: 1000.0,
         prefill_ms_per_1k_squared: 0.0,
         prefill_ms_per_1k_per_10k_running: 0.0,
-        prefill_ms_per_1k_beside_decodes: 0.0,
+        prefill_ms_per_1k_squared_beside_decodes: 0.0,
         decode_base_ms: 10.0,
         decode_ms_per_seq: 0.0,
         decode_ms_per_10k_context: 0.0,
@@ -612,9 +612,9 @@ async fn a_stream_decoding_beside_a_prefill_shows_the_gap_there() {
 
 #[tokio::test(start_paused = true)]
 async fn a_long_prompt_is_told_its_prefill_slows_beside_the_decodes_of_recent_time() {
-    // 1 s per 1K tokens alone, 0.5 s per 1K more beside decodes; 12 s interactive deadline.
+    // 1 s per 1K tokens alone, 0.05 s per 1K² more beside decodes; 12 s interactive deadline.
     let mut l = limits(4);
-    l.cost.prefill_ms_per_1k_beside_decodes = 500.0;
+    l.cost.prefill_ms_per_1k_squared_beside_decodes = 50.0;
     l.interactive_ttft_deadline = Duration::from_secs(12);
     let adm = Admission::new(l);
     let told = |a: &Admitted| a.permit.predicted().as_secs_f64();
@@ -632,10 +632,10 @@ async fn a_long_prompt_is_told_its_prefill_slows_beside_the_decodes_of_recent_ti
         tokio::time::advance(Duration::from_secs(1)).await;
     }
     // Three quarters of the time decoding, the last second idle (the latest weighs most):
-    // about two thirds of recent time, so 8 s + ~0.66 × 4 s, told so.
+    // about two thirds of recent time, so 8 s + ~0.66 × 3.2 s, told so.
     let busy = acquire(adm.clone(), ticket("a", 8000)).await.expect("slot");
     let t = told(&busy);
-    assert!(t > 10.4 && t < 11.2, "{t}");
+    assert!(t > 9.9 && t < 10.5, "{t}");
     drop(busy);
     // A 10K prompt then misses its 12.5 s (1.25 times its 10 s alone: over the 12 s deadline;
     // ~13.3 s here) and is refused at once; a minute later, nothing having decoded since, it
@@ -651,7 +651,7 @@ async fn a_long_prompt_is_told_its_prefill_slows_beside_the_decodes_of_recent_ti
     let later = acquire(adm.clone(), ticket("a", 10_000))
         .await
         .expect("admitted once the decodes have faded");
-    assert!(told(&later) < 10.5, "{}", told(&later));
+    assert!(told(&later) < 10.6, "{}", told(&later));
 }
 
 #[tokio::test(start_paused = true)]
@@ -679,8 +679,8 @@ async fn a_prefill_beside_decodes_teaches_the_model_what_they_cost() {
         drop((a, b));
     }
     let p = adm.prediction().parameters;
-    // 1 s more per 2K tokens beside decodes: 0.5 s per 1K.
-    assert!((p.prefill[4] - 0.5).abs() < 0.1, "{p:?}");
+    // 1 s more for 2K tokens beside decodes: 0.25 s per 1K².
+    assert!((p.prefill[4] - 0.25).abs() < 0.05, "{p:?}");
     assert!((p.prefill[1] - 1.0).abs() < 0.15, "{p:?}");
 }
 

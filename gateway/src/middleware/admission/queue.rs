@@ -46,7 +46,7 @@ use crate::error::GatewayError;
 use crate::policy::{self, Class, Cost, PrefillOrder};
 use crate::predict::{
     interactive_waiting, next_granted, prefill_ahead, Ask, BusyClock, CostModel, Held, History,
-    Place, Share,
+    Place, RecentGrants, Share,
 };
 
 /// The limits admission enforces (a view of the policy's `[admission]` table).
@@ -187,6 +187,9 @@ pub(super) struct State {
     /// How long some flight was decoding (past its first token): the share of a prefill
     /// beside decodes, measured and predicted ([`crate::predict::Beside`]).
     pub(super) decode_clock: BusyClock,
+    /// The requests granted over the last minute and the output each is expected to decode:
+    /// how much the arrivals will decode beside a prefill (`State::decoding_share`).
+    pub(super) recent_grants: RecentGrants,
     /// Until when the upstream's prefill time has been credited to the flights
     /// ([`Flight::prefill_spent`], `State::credit_prefill`).
     pub(super) prefill_credited: Instant,
@@ -363,6 +366,7 @@ impl Admission {
                 prefill_tokens: 0,
                 prefill_clock: BusyClock::default(),
                 decode_clock: BusyClock::default(),
+                recent_grants: RecentGrants::default(),
                 prefill_credited: Instant::now(),
                 fair: Fairness::default(),
                 model: CostModel::new(&limits.cost),
