@@ -320,7 +320,8 @@ async fn none_refused_after_waiting(prefill_order: PrefillOrder) {
     assert!(refused
         .iter()
         .all(|(e, _)| matches!(e, GatewayError::DeadlineUnmeetable { .. })));
-    // Every admitted request met its deadline (an 8K prompt is held to twice its idle 8 s).
+    // Every admitted request met its deadline (an 8K prompt is held to 1.25 times its idle 8 s
+    // with the margin; 16 s bounds it with the margin at its most, half the prediction).
     for s in served.iter() {
         let actual = s.first - s.arrived;
         assert!(actual <= Duration::from_secs(16), "{s:?}");

@@ -42,7 +42,8 @@ use crate::policy::Class;
 use crate::predict::{self, Beside, Gate, Group, Pair, Parameters, Pending, Point, Running, Scene};
 
 /// A prompt that cannot meet its deadline even alone is held to this many times its idle
-/// prediction: served while the upstream is all but quiet. At 2 (until 2026-12-06) an 8K
+/// prediction (with the arrival's margin, [`State::margin`]): served while the upstream is all
+/// but quiet. At 2 (until 2026-12-06) an 8K
 /// prompt on Zen 3 (26 s alone against a 30 s deadline) was admitted beside steady short
 /// traffic, took 33–37 s, missed anyway, and held the short requests' prefills back for all of
 /// it (docs/capacity.md, item 5).
@@ -290,7 +291,10 @@ impl State {
         let asked = ticket
             .deadline
             .map_or(class_deadline, |d| d.min(class_deadline));
+        // With the margin an arrival is admitted under: on an idle upstream, a prompt that
+        // cannot meet its deadline is always admitted, however late recent first tokens came.
         let alone = self.model.prefill(ticket.prompt_tokens, Beside::IDLE);
+        let alone = alone + self.margin(alone);
         asked.max(secs(ALONE_SLACK * alone))
     }
 
