@@ -188,15 +188,16 @@ async fn calibrate_writes_the_admission_policy() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     // Levels 1, 2, 4 and 8 (the first over the target ends the sweep), then two rates, then
-    // the cost model's three prefill probes (256, 1K and 4K prompt tokens, 2 requests each).
+    // the cost model's three prefill probes (256, 1K and 4K prompt tokens, 2 requests each)
+    // and its 4K probe beside a decoding request (2 more).
     let rows: Vec<&str> = stdout
         .lines()
         .filter(|l| l.starts_with("calibrate"))
         .collect();
-    assert_eq!(rows.len(), 9, "{stdout}");
+    assert_eq!(rows.len(), 10, "{stdout}");
     assert_eq!(
         rows.iter().filter(|l| l.contains(" 2/2 ")).count(),
-        3,
+        4,
         "{stdout}"
     );
     let toml = std::fs::read_to_string(&policy).unwrap();
@@ -210,6 +211,13 @@ async fn calibrate_writes_the_admission_policy() {
     assert!((2..=4).contains(&active), "{toml}");
     assert!(
         toml.contains("\nqueue_depth = ") && toml.contains("\nqueue_wait_max = \""),
+        "{toml}"
+    );
+    // The cost model, with the probe beside a decode written out.
+    assert!(
+        toml.contains("[admission.cost]")
+            && toml.contains("beside a decoding request 4096 tok ")
+            && toml.contains("\nprefill_ms_per_1k_squared_beside_decodes = "),
         "{toml}"
     );
     std::fs::remove_dir_all(dir).unwrap();
