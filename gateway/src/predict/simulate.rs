@@ -68,7 +68,7 @@ pub struct Scene {
     pub running: Vec<Running>,
     pub queue: Vec<Pending>,
     /// The share of a prefill expected beside other requests' decodes
-    /// ([`crate::predict::Beside::decoding`]): how much of recent time some request decoded.
+    /// ([`crate::predict::Beside::decoding`]; admission's `State::decoding_share`).
     pub decoding: f64,
 }
 

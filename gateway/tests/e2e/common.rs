@@ -247,7 +247,9 @@ impl Client {
             req = req.header(*k, http::HeaderValue::from_bytes(v).expect("header value"));
         }
         let mut req = req.body(Full::new(body)).expect("request");
-        for attempt in 1.. {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
             let last = attempt == SETUP_TRIES;
             let unsent = match self.connection().await {
                 Ok(mut send) => match send.try_send(req).await {
@@ -269,7 +271,6 @@ impl Client {
             req = unsent;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        unreachable!("the loop returns by its last attempt")
     }
 
     /// A new connection to the gateway, over HTTP/2 when ALPN chose it (HTTP/1.1 otherwise).

@@ -43,10 +43,9 @@ use crate::predict::{self, Beside, Gate, Group, Pair, Parameters, Pending, Point
 
 /// A prompt that cannot meet its deadline even alone is held to this many times its idle
 /// prediction (with the arrival's margin, [`State::margin`]): served while the upstream is all
-/// but quiet. At 2 (until 2026-12-06) an 8K
-/// prompt on Zen 3 (26 s alone against a 30 s deadline) was admitted beside steady short
-/// traffic, took 33–37 s, missed anyway, and held the short requests' prefills back for all of
-/// it (docs/capacity.md, item 5).
+/// but quiet. At 2 (until 2026-12-06) an 8K prompt on Zen 3 (26 s alone against a 30 s
+/// deadline) was admitted beside steady short traffic, took 33–37 s, missed anyway, and held
+/// the short requests' prefills back for all of it (docs/capacity.md, item 5).
 const ALONE_SLACK: f64 = 1.25;
 /// The output share assumed before any stream ended: half of `max_tokens` (low, so a cold
 /// model errs toward admitting).
