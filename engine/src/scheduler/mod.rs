@@ -47,7 +47,19 @@ pub struct SchedulerConfig {
     /// one, and the running requests keep their pace beside a long prefill. A prompt that fits
     /// one micro-batch still goes whole.
     pub decode_chunk_tokens: usize,
+    /// The context at which a long prompt's chunk is half of `max_batch_tokens`
+    /// (`--chunk-context-tokens`; 0: off). A chunk at position `p` takes at most
+    /// `max_batch_tokens × K / (K + p)` tokens, so that every chunk costs about what a full one
+    /// does at the start of the prompt: each of its tokens attends over the whole context
+    /// before it, and a full chunk deep in a 4K prompt took ~3× one at its start. A request
+    /// that arrives meanwhile waits for the chunk in flight, so this bounds its wait.
+    pub chunk_context_tokens: usize,
 }
+
+/// The smallest chunk [`SchedulerConfig::chunk_context_tokens`] cuts a long prompt's to: below
+/// it the weights' reads and the ranks' hops outweigh the attention saved. Cut chunks are whole
+/// KV blocks.
+const CONTEXT_CHUNK_FLOOR: usize = 64;
 
 /// The order in which the running prompts' prefill chunks take a micro-batch's token budget
 /// (after the decode steps, which go oldest first).
@@ -309,6 +321,19 @@ impl Scheduler {
         s.tokens.len() <= self.cfg.max_batch_tokens
     }
 
+    /// The most tokens a long prompt's chunk at position `pos` may take
+    /// ([`SchedulerConfig::chunk_context_tokens`]).
+    fn context_chunk(&self, pos: usize) -> usize {
+        let (b, k) = (self.cfg.max_batch_tokens, self.cfg.chunk_context_tokens);
+        if k == 0 {
+            return b;
+        }
+        let c = (b as u128 * k as u128 / (k as u128 + pos as u128)) as usize;
+        (c / BLOCK_SIZE * BLOCK_SIZE)
+            .max(CONTEXT_CHUNK_FLOOR)
+            .min(b)
+    }
+
     /// Builds the next micro-batch, or `None` when nothing can run now.
     pub fn schedule(&mut self) -> Option<MicroBatch> {
         if self.in_flight.len() >= self.cfg.max_in_flight {
@@ -357,7 +382,9 @@ impl Scheduler {
                 }
                 let mut chunk = s.remaining().min(budget);
                 if long {
-                    chunk = chunk.min(long_budget);
+                    chunk = chunk
+                        .min(long_budget)
+                        .min(self.context_chunk(s.num_scheduled));
                 }
                 let end = s.num_scheduled + chunk;
                 // Blocks for the chunk; preempt newer work if the pool is dry.

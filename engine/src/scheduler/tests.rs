@@ -47,6 +47,7 @@ fn engine_with(
         // Long prompts go 3 tokens at a time beside decodes, `max_batch_tokens` otherwise: the
         // outputs compared with solo runs then come from chunks of changing, uneven sizes.
         decode_chunk_tokens: 3,
+        chunk_context_tokens: 0,
     };
     let inbox = channel();
     let stage = Stage::new(model(), kv_blocks).unwrap();
@@ -384,6 +385,7 @@ fn a_waiting_request_whose_client_left_is_released_on_every_rank() {
         kv_blocks: 16,
         prefill_order: Default::default(),
         decode_chunk_tokens: usize::MAX,
+        chunk_context_tokens: 0,
     };
     let tokenizer = Arc::new(toy_tokenizer());
     let mut sched = Scheduler::new(cfg, tokenizer.clone());
@@ -573,6 +575,7 @@ fn two_long_prompts_behind_a_short_one(
         kv_blocks: 10,
         prefill_order: Default::default(),
         decode_chunk_tokens: usize::MAX,
+        chunk_context_tokens: 0,
     };
     let tokenizer = Arc::new(toy_tokenizer());
     let mut sched = Scheduler::new(cfg, tokenizer.clone());
@@ -596,6 +599,7 @@ fn a_short_prompt_is_prefilled_ahead_of_a_long_one_already_prefilling() {
         kv_blocks: 64,
         prefill_order: super::PrefillOrder::Shortest,
         decode_chunk_tokens: usize::MAX,
+        chunk_context_tokens: 0,
     };
     let tokenizer = Arc::new(toy_tokenizer());
     let mut sched = Scheduler::new(cfg, tokenizer.clone());
@@ -644,6 +648,7 @@ fn a_batch_carrying_decode_steps_takes_a_short_chunk_of_a_long_prompt() {
         kv_blocks: 64,
         prefill_order: Default::default(),
         decode_chunk_tokens: 8,
+        chunk_context_tokens: 0,
     };
     let tokenizer = Arc::new(toy_tokenizer());
     let mut sched = Scheduler::new(cfg, tokenizer.clone());
@@ -678,6 +683,59 @@ fn a_batch_carrying_decode_steps_takes_a_short_chunk_of_a_long_prompt() {
     assert_eq!(step(&mut sched), [(4, 1), (2, 8)]);
     // With nothing decoding, the long prompts take the whole budget again.
     assert_eq!(step(&mut sched), [(2, 32)]);
+}
+
+#[test]
+fn a_long_prompt_s_chunks_shrink_as_its_context_grows() {
+    let cfg = SchedulerConfig {
+        max_running: 2,
+        max_batch_tokens: 512,
+        max_in_flight: 1,
+        kv_blocks: 1024,
+        prefill_order: Default::default(),
+        decode_chunk_tokens: 16,
+        chunk_context_tokens: 1024,
+    };
+    let tokenizer = Arc::new(toy_tokenizer());
+    let mut sched = Scheduler::new(cfg, tokenizer.clone());
+    sched.add(quiet_sequence(&tokenizer, 1, 6000));
+    let mut chunks = Vec::new();
+    while let Some(mb) = sched.schedule() {
+        let c = &mb.forward.seqs[0];
+        chunks.push((c.pos, c.len));
+        let tokens = c.sample.is_some().then_some((c.seq, 5)).into_iter();
+        let answer = crate::transport::message::Sampled {
+            batch: mb.forward.batch,
+            tokens: tokens.collect(),
+            logprobs: Vec::new(),
+        };
+        sched.complete(answer).expect("the tokens asked for");
+        if chunks
+            .last()
+            .is_some_and(|&(pos, len)| (pos + len) as usize >= 6000)
+        {
+            break;
+        }
+    }
+    // 512 × 1024 / (1024 + position), in whole blocks, never under 64: a full chunk at the
+    // start, half of one at 1K of context, a quarter at 3K, the floor from 7K on.
+    let at = |p: u32| {
+        chunks
+            .iter()
+            .find(|&&(pos, _)| pos >= p)
+            .expect("a chunk")
+            .1
+    };
+    assert_eq!(chunks[0], (0, 512));
+    assert_eq!(chunks[1], (512, 336));
+    assert!((240..=256).contains(&at(1024)), "{chunks:?}");
+    assert!((112..=128).contains(&at(3072)), "{chunks:?}");
+    assert_eq!(at(5700), 64, "{chunks:?}");
+    assert!(chunks
+        .windows(2)
+        .all(|w| w[0].1 >= w[1].1 && w[0].0 + w[0].1 == w[1].0));
+    // 6,000 tokens in 49 chunks rather than 12 (∫ (K + p) / (B·K) dp ≈ 46, and the floor).
+    assert_eq!(chunks.len(), 49, "{chunks:?}");
 }
 
 #[test]
@@ -748,6 +806,7 @@ async fn through_pipeline(
         kv_blocks: 64,
         prefill_order: Default::default(),
         decode_chunk_tokens: usize::MAX,
+        chunk_context_tokens: 0,
     };
     let ecfg = EngineConfig {
         model_id: "tiny".into(),

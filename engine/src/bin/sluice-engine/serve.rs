@@ -216,6 +216,13 @@ pub struct ServeArgs {
     /// prefill took up to a third longer while decodes ran beside all of it.
     #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     decode_chunk_tokens: usize,
+    /// The context at which a long prompt's chunk is half of --max-batch-tokens: a chunk at
+    /// position p takes at most max-batch-tokens × K / (K + p) tokens (whole KV blocks, at least
+    /// 64), so a chunk deep in a long prompt, whose tokens each attend over all the context
+    /// before them, costs about what one at its start does, and a request arriving meanwhile
+    /// waits for no more. 0: off (every chunk takes --max-batch-tokens).
+    #[arg(long, default_value_t = 1024)]
+    chunk_context_tokens: usize,
     /// The order prompts' prefill chunks take a micro-batch's budget in: `oldest` first, or
     /// `shortest` (fewest tokens left) first, so that a short prompt does not wait out a long
     /// one's prefill. The gateway passes its policy's `upstream.prefill_order` (`shortest` unless
@@ -408,6 +415,7 @@ pub fn serve(mut args: ServeArgs) -> Result<()> {
         max_running: args.max_running,
         max_batch_tokens: args.max_batch_tokens,
         decode_chunk_tokens: args.decode_chunk_tokens,
+        chunk_context_tokens: args.chunk_context_tokens,
         prefill_order: match args.prefill_order {
             PrefillOrderArg::Oldest => PrefillOrder::Oldest,
             PrefillOrderArg::Shortest => PrefillOrder::Shortest,
