@@ -56,9 +56,9 @@ pub struct SchedulerConfig {
     pub chunk_context_tokens: usize,
 }
 
-/// The smallest chunk [`SchedulerConfig::chunk_context_tokens`] cuts a long prompt's to: below
-/// it the weights' reads and the ranks' hops outweigh the attention saved. Cut chunks are whole
-/// KV blocks.
+/// The fewest tokens [`SchedulerConfig::chunk_context_tokens`] cuts a long prompt's chunk to:
+/// below it, reading the weights and the hops between ranks outweigh the attention saved. A cut
+/// chunk is whole KV blocks.
 const CONTEXT_CHUNK_FLOOR: usize = 64;
 
 /// The order in which the running prompts' prefill chunks take a micro-batch's token budget
