@@ -562,6 +562,18 @@ fn quiet_sequence(
     super::Sequence::new(id, request(id as u32, len, 4), 0, tokenizer.clone(), tx)
 }
 
+/// A micro-batch's answer from the last rank: token 5 for each member that asked for one.
+fn answer(mb: &super::MicroBatch) -> crate::transport::message::Sampled {
+    crate::transport::message::Sampled {
+        batch: mb.forward.batch,
+        tokens: (mb.forward.seqs.iter())
+            .filter(|c| c.sample.is_some())
+            .map(|c| (c.seq, 5))
+            .collect(),
+        logprobs: Vec::new(),
+    }
+}
+
 /// A 10-block pool with Z running on 1 and two 8-block prompts waiting, scheduled in chunks of
 /// `max_batch_tokens` for `calls` calls after Z's: the scheduler's metrics then.
 fn two_long_prompts_behind_a_short_one(
@@ -607,15 +619,6 @@ fn a_short_prompt_is_prefilled_ahead_of_a_long_one_already_prefilling() {
     let chunks_of = |mb: &super::MicroBatch| -> Vec<(u64, u32)> {
         mb.forward.seqs.iter().map(|c| (c.seq, c.len)).collect()
     };
-    // Each micro-batch's answer: a token for each member that asked.
-    let answer = |mb: &super::MicroBatch| crate::transport::message::Sampled {
-        batch: mb.forward.batch,
-        tokens: (mb.forward.seqs.iter())
-            .filter(|c| c.sample.is_some())
-            .map(|c| (c.seq, 5))
-            .collect(),
-        logprobs: Vec::new(),
-    };
     sched.add(seq(1, 200));
     let first = sched.schedule().expect("a chunk");
     assert_eq!(chunks_of(&first), [(1, 32)]);
@@ -656,16 +659,7 @@ fn a_batch_carrying_decode_steps_takes_a_short_chunk_of_a_long_prompt() {
     let step = |sched: &mut Scheduler| -> Vec<(u64, u32)> {
         let mb = sched.schedule().expect("a batch");
         let chunks = mb.forward.seqs.iter().map(|c| (c.seq, c.len)).collect();
-        let tokens = (mb.forward.seqs.iter())
-            .filter(|c| c.sample.is_some())
-            .map(|c| (c.seq, 5))
-            .collect();
-        let answer = crate::transport::message::Sampled {
-            batch: mb.forward.batch,
-            tokens,
-            logprobs: Vec::new(),
-        };
-        sched.complete(answer).expect("the tokens asked for");
+        sched.complete(answer(&mb)).expect("the tokens asked for");
         chunks
     };
     sched.add(seq(1, 10));
@@ -703,13 +697,7 @@ fn a_long_prompt_s_chunks_shrink_as_its_context_grows() {
     while let Some(mb) = sched.schedule() {
         let c = &mb.forward.seqs[0];
         chunks.push((c.pos, c.len));
-        let tokens = c.sample.is_some().then_some((c.seq, 5)).into_iter();
-        let answer = crate::transport::message::Sampled {
-            batch: mb.forward.batch,
-            tokens: tokens.collect(),
-            logprobs: Vec::new(),
-        };
-        sched.complete(answer).expect("the tokens asked for");
+        sched.complete(answer(&mb)).expect("the tokens asked for");
         if chunks
             .last()
             .is_some_and(|&(pos, len)| (pos + len) as usize >= 6000)
