@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::preempt::Preemption;
+
 /// How far back [`BusyClock::recent_share`] looks: its weights halve every
 /// `RECENT × ln 2` (about 21 s). Long enough to hold several short requests' decodes (a few
 /// seconds each), short enough to follow a change of load within a minute.
@@ -76,36 +78,67 @@ impl BusyClock {
 /// How far back [`RecentGrants`] counts.
 const GRANTS_WINDOW: Duration = Duration::from_secs(60);
 
-/// The requests granted over the last minute, each with the output it is expected to decode:
-/// how much decoding the arrivals bring.
+/// A request granted, as [`RecentGrants`] keeps it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Grant {
+    pub at: Instant,
+    /// Admission's id for it.
+    pub id: u64,
+    pub prompt: usize,
+    /// The output it is expected to decode.
+    pub output: f64,
+}
+
+/// The requests granted over the last minute: how much decoding, and how much prefill of each
+/// length, the arrivals bring.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RecentGrants {
-    list: VecDeque<(Instant, f64)>,
+    list: VecDeque<Grant>,
 }
 
 impl RecentGrants {
-    /// A request granted `now`, expected to decode `output` tokens.
-    pub fn push(&mut self, now: Instant, output: f64) {
+    /// A request granted (at `grant.at`, the latest so far).
+    pub fn push(&mut self, grant: Grant) {
+        let now = grant.at;
         while self
             .list
             .front()
-            .is_some_and(|(at, _)| now.saturating_duration_since(*at) > GRANTS_WINDOW)
+            .is_some_and(|g| now.saturating_duration_since(g.at) > GRANTS_WINDOW)
         {
             self.list.pop_front();
         }
-        self.list.push_back((now, output));
+        self.list.push_back(grant);
+    }
+
+    /// The grants of the last minute as of `now`.
+    fn within(&self, now: Instant) -> impl Iterator<Item = &Grant> {
+        self.list
+            .iter()
+            .filter(move |g| now.saturating_duration_since(g.at) <= GRANTS_WINDOW)
     }
 
     /// The mean number of requests decoding at once (`λ·D`) if requests keep arriving at the
     /// last minute's rate `λ` and each decodes its expected output `gap` seconds a token (`D`).
     pub fn decoding_at_once(&self, now: Instant, gap: f64) -> f64 {
-        let outputs: f64 = self
-            .list
-            .iter()
-            .filter(|(at, _)| now.saturating_duration_since(*at) <= GRANTS_WINDOW)
-            .map(|(_, output)| output)
-            .sum();
+        let outputs: f64 = self.within(now).map(|g| g.output).sum();
         outputs * gap / GRANTS_WINDOW.as_secs_f64()
+    }
+
+    /// The prefill load of the last minute's grants by prompt length, for a prediction of
+    /// what later arrivals take from a long prefill ([`Preemption`]): each grant at
+    /// `prefill(prompt)` seconds, leaving out those for which `present` holds (requests still
+    /// in prefill, which the prediction plays out as they are).
+    pub fn preemption(
+        &self,
+        now: Instant,
+        present: impl Fn(u64) -> bool,
+        prefill: impl Fn(usize) -> f64,
+    ) -> Preemption {
+        let load = self
+            .within(now)
+            .filter(|g| !present(g.id))
+            .map(|g| (g.prompt, prefill(g.prompt)));
+        Preemption::new(load, GRANTS_WINDOW.as_secs_f64())
     }
 }
 
@@ -131,6 +164,16 @@ mod tests {
         assert_eq!(c.reading(at(12)) - c.reading(at(9)), Duration::from_secs(2));
     }
 
+    /// A grant expected to decode 64 tokens.
+    fn grant(at: Instant, id: u64, prompt: usize) -> Grant {
+        Grant {
+            at,
+            id,
+            prompt,
+            output: 64.0,
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn recent_grants_say_how_many_would_decode_at_once() {
         let mut g = RecentGrants::default();
@@ -139,7 +182,7 @@ mod tests {
         assert_eq!(g.decoding_at_once(at(0), 0.1), 0.0);
         // 0.2 req/s for five minutes, 64 tokens each at 0.15 s: 0.2 × 9.6 s ≈ 1.9 at once.
         for i in 0..60 {
-            g.push(at(5 * i), 64.0);
+            g.push(grant(at(5 * i), i, 256));
         }
         let load = g.decoding_at_once(at(300), 0.15);
         assert!((load - 1.92).abs() < 0.05, "{load}");
@@ -147,6 +190,28 @@ mod tests {
         assert!(g.list.len() <= 13, "{}", g.list.len());
         // A minute and more with none: none.
         assert_eq!(g.decoding_at_once(at(400), 0.15), 0.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn recent_grants_say_what_prefill_load_comes_below_a_prompt() {
+        let mut g = RecentGrants::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // A minute of one 256-token prompt every 2 s, and one 4K prompt, still in prefill.
+        for i in 0..30 {
+            g.push(grant(at(2 * i), i, 256));
+        }
+        g.push(grant(at(59), 99, 4096));
+        let cost = |p: usize| p as f64 / 2000.0;
+        // 30 prompts of 0.128 s in 60 s below an 8K prompt; the 4K one is present, so left out.
+        let p = g.preemption(at(59), |id| id == 99, cost);
+        assert!((p.share_below(8192) - 30.0 * 0.128 / 60.0).abs() < 1e-9);
+        // Once past its prefill, it counts.
+        let p = g.preemption(at(59), |_| false, cost);
+        assert!((p.share_below(8192) - (30.0 * 0.128 + 2.048) / 60.0).abs() < 1e-9);
+        // What is more than a minute old does not.
+        let p = g.preemption(at(100), |_| false, cost);
+        assert!((p.share_below(8192) - (10.0 * 0.128 + 2.048) / 60.0).abs() < 1e-9);
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,6 +5,8 @@
 //! - [`fit`]: the online least squares behind it.
 //! - [`busy`]: the time some prefill ran, which decode observations leave out, and the share
 //!   of time some request decoded, which slows a prefill.
+//! - [`preempt`]: what shorter prompts arriving later take from a long prefill, where the
+//!   upstream prefills the least left first.
 //! - [`gate`]: the grant rule and order, shared by admission's dispatch and the simulation.
 //! - [`simulate`]: the upstream played forward under the model: every waiter's predicted time
 //!   to first token from the work running and the queue around it.
@@ -15,10 +17,12 @@ pub mod fit;
 pub mod gate;
 pub mod history;
 pub mod model;
+pub mod preempt;
 pub mod simulate;
 
-pub use busy::{BusyClock, RecentGrants};
+pub use busy::{BusyClock, Grant, RecentGrants};
 pub use gate::{interactive_waiting, next_granted, prefill_ahead, Ask, Gate, Held, Place, Share};
 pub use history::{History, Pair, Point};
 pub use model::{Beside, CostModel, Parameters, DECODE_TERMS, PREFILL_TERMS};
+pub use preempt::Preemption;
 pub use simulate::{first_tokens, prefill_next, Group, Pending, Running, Scene, PREFILL_LEFT_MIN};

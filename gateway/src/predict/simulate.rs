@@ -17,6 +17,7 @@ use super::gate::{
     interactive_waiting, next_granted, prefill_ahead, Ask, Gate, Held, Place, Share,
 };
 use super::model::{Beside, CostModel};
+use super::preempt::Preemption;
 use crate::policy::PrefillOrder;
 
 /// A request holding a slot.
@@ -70,6 +71,9 @@ pub struct Scene {
     /// The share of a prefill expected beside other requests' decodes
     /// ([`crate::predict::Beside::decoding`]; admission's `State::decoding_share`).
     pub decoding: f64,
+    /// What shorter prompts still to arrive take from each prefill ([`Preemption::NONE`] where
+    /// the upstream prefills the oldest first): a waiter's prefill is played at its stretch.
+    pub preemption: Preemption,
 }
 
 /// The least prefill a running request can have left and still count as prefilling (0 counts
@@ -110,7 +114,7 @@ pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
         // Grants, as admission's dispatch makes them, while one may run.
         while let Some(i) = next(scene, &counters, &run, &queue, t) {
             let (p, k) = queue.remove(i);
-            grant(model, scene.decoding, &mut run, &mut counters, p, k);
+            grant(model, scene, &mut run, &mut counters, p, k);
         }
         if left == 0 {
             break;
@@ -161,7 +165,7 @@ pub fn first_tokens(model: &CostModel, scene: &Scene) -> Vec<f64> {
                 break;
             };
             let (p, k) = queue.remove(there[i]);
-            grant(model, scene.decoding, &mut run, &mut counters, p, k);
+            grant(model, scene, &mut run, &mut counters, p, k);
             continue;
         }
         // Everyone decodes until the next one finishes, or the next waiter joins.
@@ -270,7 +274,7 @@ fn next(
 
 fn grant(
     model: &CostModel,
-    decoding: f64,
+    scene: &Scene,
     run: &mut Vec<Slot>,
     counters: &mut [f64],
     p: Pending,
@@ -279,9 +283,10 @@ fn grant(
     counters[p.group] += p.prompt as f64;
     let beside = Beside {
         context: context_of(run),
-        decoding,
+        decoding: scene.decoding,
     };
-    let prefill_left = model.prefill(p.prompt, beside).max(PREFILL_LEFT_MIN);
+    let own = model.prefill(p.prompt, beside);
+    let prefill_left = (own * scene.preemption.stretch(p.prompt)).max(PREFILL_LEFT_MIN);
     run.push(Slot {
         r: Running {
             prompt: p.prompt,
@@ -377,6 +382,7 @@ mod tests {
             running: running.to_vec(),
             queue: queue.to_vec(),
             decoding: 0.0,
+            preemption: Preemption::NONE,
         }
     }
 
@@ -460,6 +466,22 @@ mod tests {
         let shortest = at(PrefillOrder::Shortest);
         assert!(close(shortest[0], 0.25), "{shortest:?}");
         assert!(shortest[1] > 3.25 + 3.5 - 1e-9, "{shortest:?}");
+    }
+
+    #[test]
+    fn a_waiter_s_prefill_is_stretched_by_the_shorter_prompts_still_to_come() {
+        // Shorter prompts took a fifth of the upstream over the last minute: a 4K prompt's 4 s
+        // of prefill take 5 s, and a 100-token one (nothing shorter came) keeps its 0.1 s.
+        let fifth = Preemption::new([(100, 12.0)], 60.0);
+        let t = |queue: &[Pending]| {
+            let s = Scene {
+                preemption: fifth.clone(),
+                ..scene(GATE, &[], queue)
+            };
+            first_tokens(&model(), &s)
+        };
+        assert!(close(t(&[pending(0, 4000, 10.0)])[0], 5.0));
+        assert!(close(t(&[pending(0, 100, 10.0)])[0], 0.1));
     }
 
     #[test]

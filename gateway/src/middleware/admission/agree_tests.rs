@@ -226,7 +226,8 @@ async fn told_holds(prefill_order: PrefillOrder) {
     // And the first tokens came when they were told, to the millisecond; but with the least
     // prefill left first, the 4K prompt (told 4 s, granted first) was overtaken by the three
     // 250-token prompts granted after it: 0.75 s later than told. What a prompt is told on
-    // arrival cannot foresee shorter prompts granted during its prefill.
+    // arrival foresees shorter prompts granted during its prefill only at the last minute's
+    // rate ([`crate::predict::Preemption`]), and here none came before.
     let served = served.lock().unwrap();
     assert_eq!(served.len(), 8);
     let overtaken = match prefill_order {

@@ -29,6 +29,10 @@ pub(super) struct Flight {
     /// Predicted at the grant: grant → first token, and the own prefill within it (s).
     pub predicted_upstream: f64,
     pub own_prefill: f64,
+    /// How many times its own time its prefill was predicted to take at the grant, for the
+    /// shorter prompts still to come ([`crate::predict::Preemption`]): kept, so that what it
+    /// and the waiters behind it were told does not move as those arrivals come and go.
+    pub stretch: f64,
     /// Where its prefill was predicted to run, at the grant: the other flights' context, and
     /// the share beside decodes then expected.
     pub beside_at_grant: Beside,

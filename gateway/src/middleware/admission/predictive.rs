@@ -38,7 +38,7 @@ use super::flight::Flight;
 use super::hold::Hold;
 use super::queue::{State, Ticket, Waiter};
 use crate::error::{retry_after_secs, GatewayError, Unmeetable};
-use crate::policy::Class;
+use crate::policy::{Class, PrefillOrder};
 use crate::predict::{self, Beside, Gate, Group, Pair, Parameters, Pending, Point, Running, Scene};
 
 /// A prompt that cannot meet its deadline even alone is held to this many times its idle
@@ -138,7 +138,7 @@ impl State {
                         } else {
                             0.0
                         };
-                        self.prefill_left(f, f.prefill_spent + extra)
+                        self.prefill_left(f, f.prefill_spent + extra) * f.stretch
                     }
                 };
                 Running {
@@ -185,8 +185,27 @@ impl State {
             running,
             queue,
             decoding: self.decoding_share(now),
+            preemption: self.preemption(now),
         };
         predict::first_tokens(&self.model, &scene)
+    }
+
+    /// What shorter prompts still to come take from each prefill, where the upstream prefills
+    /// the least left first ([`predict::Preemption`]): the last minute's grants at the prefill
+    /// time the model gives them now (beside decodes for the share expected), less the
+    /// requests still in prefill, which the prediction plays out as they are. A waiter's
+    /// prefill is played at it; a flight's at what it was at the grant ([`Flight::stretch`]).
+    fn preemption(&self, now: Instant) -> predict::Preemption {
+        if self.limits.prefill_order != PrefillOrder::Shortest {
+            return predict::Preemption::NONE;
+        }
+        let beside = Beside {
+            context: 0,
+            decoding: self.decoding_share(now),
+        };
+        let present = |id: u64| self.flights.get(&id).is_some_and(|f| f.first.is_none());
+        self.recent_grants
+            .preemption(now, present, |p| self.model.prefill(p, beside))
     }
 
     /// Seconds of prefill flight `f` has left after `spent` of it: the model's time less what
@@ -523,8 +542,14 @@ impl State {
         let predicted_upstream = self.first_token_granted(&alone);
         let beside = self.beside_now(now);
         let own_prefill = self.model.prefill(ticket.prompt_tokens, beside);
+        let stretch = self.preemption(now).stretch(ticket.prompt_tokens);
         let output = self.expected_output(ticket.max_tokens);
-        self.recent_grants.push(now, output);
+        self.recent_grants.push(predict::Grant {
+            at: now,
+            id,
+            prompt: ticket.prompt_tokens,
+            output,
+        });
         self.fair
             .charge(ticket.class, &ticket.tenant, ticket.prompt_tokens as f64);
         self.prefill_tokens += ticket.prompt_tokens;
@@ -544,6 +569,7 @@ impl State {
                 predicted,
                 predicted_upstream,
                 own_prefill,
+                stretch,
                 beside_at_grant: beside,
                 decode_clock_at_start: self.decode_clock.reading(now),
                 first: None,
@@ -586,6 +612,7 @@ impl State {
             let now = Instant::now();
             f.beside_at_grant = self.beside_now(now);
             f.own_prefill = self.model.prefill(f.prompt, f.beside_at_grant);
+            f.stretch = self.preemption(now).stretch(f.prompt);
             f.decode_clock_at_start = self.decode_clock.reading(now);
             f.started = Some(now);
             f.prefill_spent = 0.0;

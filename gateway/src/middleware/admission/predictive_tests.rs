@@ -106,12 +106,57 @@ async fn with_the_least_prefill_left_first_a_short_prompt_goes_ahead_of_a_long_o
     let c = acquire(adm.clone(), ticket("c", 250)).await.expect("slot");
     assert!((told(&c) - 0.4).abs() < 1e-3, "{}", told(&c));
     // The first one's first token; a 2K prompt now has less left than the long one's 3 s (it
-    // has had only its first second) and goes ahead of it, behind the second's 0.25 s.
+    // has had only its first second) and goes ahead of it, behind the second's 0.25 s. Its own
+    // 2 s are stretched by what shorter prompts took over the last minute: the first one's
+    // 0.25 s (the second, still in prefill, is played out as it is).
     tokio::time::sleep(Duration::from_millis(150)).await;
     b.permit.first_token();
     let d = acquire(adm.clone(), ticket("d", 2000)).await.expect("slot");
-    assert!((told(&d) - 2.25).abs() < 1e-3, "{}", told(&d));
+    let stretched = 2.0 / (1.0 - 0.25 / 60.0);
+    assert!((told(&d) - (0.25 + stretched)).abs() < 1e-3, "{}", told(&d));
     drop((long, c, d));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_prompt_is_told_what_the_shorter_arrivals_will_take_from_its_prefill() {
+    // Steady short traffic for a minute: a 500-token prompt every 2 s, each served at once
+    // (0.5 s of prefill, a token, done): a quarter of the upstream. On an upstream that
+    // prefills the least left first, every one of them arriving during a 2K prompt's prefill
+    // goes ahead of it: its 2 s take 2 / (1 − 1/4) = 2.67 s, past the 2.6 s deadline though
+    // its own prefill meets it. In arrival order, nothing overtakes it.
+    let deadline = Limits {
+        interactive_ttft_deadline: Duration::from_millis(2600),
+        ..limits(4)
+    };
+    for order in [PrefillOrder::Shortest, PrefillOrder::Oldest] {
+        let adm = Admission::new(Limits {
+            prefill_order: order,
+            ..deadline.clone()
+        });
+        for _ in 0..30 {
+            let a = acquire(adm.clone(), ticket("a", 500)).await.expect("slot");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            a.permit.first_token();
+            drop(a);
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+        let long = acquire(adm.clone(), ticket("b", 2000)).await;
+        match order {
+            PrefillOrder::Shortest => {
+                let err = long.expect_err("refused");
+                let GatewayError::DeadlineUnmeetable { predicted, .. } = err else {
+                    panic!("expected deadline_unmeetable, got {err:?}");
+                };
+                let want = 2.0 / (1.0 - 30.0 * 0.5 / 60.0);
+                let got = predicted.as_secs_f64();
+                assert!((got - want).abs() < 1e-3, "{got} vs {want}");
+            }
+            PrefillOrder::Oldest => {
+                let told = long.expect("admitted").permit.predicted().as_secs_f64();
+                assert!((told - 2.0).abs() < 1e-3, "{told}");
+            }
+        }
+    }
 }
 
 #[tokio::test(start_paused = true)]
