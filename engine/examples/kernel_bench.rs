@@ -11,7 +11,8 @@
 use std::time::{Duration, Instant};
 
 use sluice_engine::backend::cpu::kernels::{
-    attend_rows, axpy, dot_f32, matmul, matmul_multi, simd_level, KvHead, LaneMatrix, QMatrix,
+    attend_rows, axpy, dot_f32, matmul, matmul_multi, simd_level, KvFormat, KvHead, LaneMatrix,
+    QMatrix,
 };
 use sluice_engine::backend::cpu::pool::ThreadPool;
 use sluice_engine::dtype::GgmlType;
@@ -235,12 +236,15 @@ fn prefill_attention_bench(budget: Duration, ns: &[usize]) {
             block_stride: bs * hd,
             blocks: &blocks,
             block_size: bs,
+            // The bits stand for keys and values in whichever format: timing, not answers.
+            format: KvFormat::of(hd, bs),
         };
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut out = vec![0f32; 16 * group * hd];
+        let task = 16;
+        let mut out = vec![0f32; task * group * hd];
         let t = time_it(budget, || {
-            for r0 in (0..n).step_by(16) {
-                let rows = 16.min(n - r0);
+            for r0 in (0..n).step_by(task) {
+                let rows = task.min(n - r0);
                 let q = &q[r0 * group * hd..];
                 let out = &mut out[..rows * group * hd];
                 attend_rows(&kv, q, group * hd, hd, group, r0 + 1, scale, out);
@@ -295,6 +299,7 @@ fn attention_bench(budget: Duration) {
                         block_stride: bs * stride,
                         blocks: t,
                         block_size: bs,
+                        format: KvFormat::of(hd, bs),
                     };
                     let q = &q[kvh * group * hd..];
                     attend_rows(&kv, q, group * hd, hd, group, ctx, scale, &mut outs);

@@ -2,7 +2,7 @@
 
 use std::sync::Mutex;
 
-use super::kernels::{attend_rows, KvHead};
+use super::kernels::{attend_rows, KvFormat, KvHead};
 use super::pool::ThreadPool;
 use crate::backend::AttnShape;
 use crate::kv::{SeqRows, BLOCK_SIZE};
@@ -22,10 +22,11 @@ struct Task {
     n_heads: usize,
 }
 
-/// Where one layer's keys and values lie in a paged cache of f16 bits: KV head `h`'s element `d`
-/// of position `i` of block `b` at `b * block + h * head + d * BLOCK_SIZE + i` from `keys` (keys
-/// transposed within a block, see [`KvHead`]), at `b * block + h * head + i * head_dim + d` from
-/// `values`. A head's block is one contiguous run.
+/// Where one layer's keys and values lie in a paged cache (of f16 bits in the [`KvFormat::F16`]
+/// layout described here; [`KvFormat::Bf16Tiles`] has its own within each head's run): KV head
+/// `h`'s element `d` of position `i` of block `b` at `b * block + h * head + d * BLOCK_SIZE + i`
+/// from `keys` (keys transposed within a block, see [`KvHead`]), at `b * block + h * head + i *
+/// head_dim + d` from `values`. A head's block is one contiguous run.
 #[derive(Clone, Copy, Debug)]
 pub struct LayerKv<'a> {
     pub cache: &'a [u16],
@@ -35,6 +36,8 @@ pub struct LayerKv<'a> {
     pub head: usize,
     /// Elements from one block to the next.
     pub block: usize,
+    /// How each head's block holds its keys and values.
+    pub format: KvFormat,
 }
 
 /// `out[row, head] = softmax(q·Kᵀ / √d) · V` over positions `0..=pos(row)` of the row's sequence;
@@ -105,6 +108,7 @@ pub fn attend(
             block_stride: kv.block,
             blocks: s.blocks,
             block_size: BLOCK_SIZE,
+            format: kv.format,
         };
         let mut res = results[ti].lock().unwrap_or_else(|e| e.into_inner());
         let row = s.start + t.row0;

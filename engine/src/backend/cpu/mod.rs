@@ -111,7 +111,8 @@ impl CpuWeight {
     }
 }
 
-/// Keys and values of every layer of one model part as f16 bits, in one mapping, block by block:
+/// Keys and values of every layer of one model part as f16 bits (bf16 where attention runs on
+/// AMX tiles: [`kernels::KvFormat`]), in one mapping, block by block:
 /// `[block][layer][keys, values][kv_head]`, each head's keys `[head_dim][position]` (transposed,
 /// see [`kernels::KvHead`]) and values `[position][head_dim]`. A block's 16 positions of every
 /// layer lie together, so a sequence's memory is its blocks' (the mapping is on huge pages, which
@@ -142,32 +143,34 @@ impl CpuKv {
             values: keys + self.plane(),
             head: BLOCK_SIZE * hd,
             block: self.block(),
+            format: kernels::KvFormat::of(hd, BLOCK_SIZE),
         }
     }
 
     /// Stores the keys and values of `seqs`' rows (`k`, `v`: `[row][kv_dim]`, heads of `hd`) for
-    /// `layer`, keys transposed within their block (see [`attention::LayerKv`]).
+    /// `layer`, in the format attention reads at this level (see [`kernels::KvFormat`]).
     fn store(&mut self, layer: usize, hd: usize, seqs: &[SeqRows<'_>], k: &[f32], v: &[f32]) {
         let kv_dim = self.spec.kv_dim;
         let at = self.layer(layer, hd);
-        let (keys, values, head, block) = (at.keys, at.values, at.head, at.block);
+        let (keys, values, head, block, format) =
+            (at.keys, at.values, at.head, at.block, at.format);
         let cache = self.buf.as_mut_slice();
-        let mut key = vec![0u16; kv_dim];
         for s in seqs {
             for r in 0..s.len {
                 let slot = s.slot(s.pos + r);
                 let (b, i) = (slot / BLOCK_SIZE, slot % BLOCK_SIZE);
                 let row = (s.start + r) * kv_dim;
-                kernels::to_f16(&k[row..row + kv_dim], &mut key);
-                for (h, key) in key.chunks_exact(hd).enumerate() {
+                for h in 0..kv_dim / hd {
                     let base = b * block + h * head;
-                    let dst = &mut cache[keys + base..][..hd * BLOCK_SIZE];
-                    for (d, &x) in key.iter().enumerate() {
-                        dst[d * BLOCK_SIZE + i] = x;
-                    }
-                    kernels::to_f16(
+                    // A head's keys lie a plane below its values.
+                    let (low, high) = cache.split_at_mut(values + base);
+                    kernels::store_kv(
+                        format,
+                        i,
+                        &k[row + h * hd..][..hd],
                         &v[row + h * hd..][..hd],
-                        &mut cache[values + base + i * hd..][..hd],
+                        &mut low[keys + base..][..hd * BLOCK_SIZE],
+                        &mut high[..hd * BLOCK_SIZE],
                     );
                 }
             }

@@ -14,7 +14,7 @@ pub fn argmax_with(level: SimdLevel, logits: &[f32]) -> u32 {
     match level.clamp() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level is clamped to what the CPU runs, so AVX-512F is present.
-        SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => unsafe {
+        SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 | SimdLevel::Amx => unsafe {
             x86::argmax(logits)
         },
         #[cfg(target_arch = "x86_64")]

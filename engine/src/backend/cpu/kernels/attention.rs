@@ -5,20 +5,95 @@ use std::cell::RefCell;
 
 use super::SimdLevel;
 #[cfg(target_arch = "x86_64")]
-use super::{flash, flash512, flash_bf16};
+use super::{flash, flash512, flash_amx, flash_bf16};
 
-/// One KV head of one sequence in a paged cache of f16 keys and values (as bits: llama.cpp's
-/// default cache type; half the bytes a decode step streams, and exact to widen).
+/// How a cache holds one KV head's keys and values within a block of `bs` positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvFormat {
+    /// f16 bits (llama.cpp's default cache type; half the bytes a decode step streams, and exact
+    /// to widen): keys transposed, `[element][position]`, values `[position][element]`.
+    F16,
+    /// bf16 bits in the layouts AMX's tiles read (`flash_amx`), so that no step converts them:
+    /// keys `[element pair][position][2]` (a block's keys are its key tiles as they are), values
+    /// `[position pair][element][2]`. Rounded once, on the way in, where the kernel would round
+    /// every time it read them.
+    Bf16Tiles,
+}
+
+impl KvFormat {
+    /// The format attention at `level` (lowered to what the CPU runs) reads for heads of `hd`
+    /// in blocks of `bs`: [`KvFormat::Bf16Tiles`] where the AMX kernel takes the shape.
+    pub fn for_level(level: SimdLevel, hd: usize, bs: usize) -> KvFormat {
+        #[cfg(target_arch = "x86_64")]
+        if level.clamp() == SimdLevel::Amx && flash_amx::takes(hd, bs) {
+            return KvFormat::Bf16Tiles;
+        }
+        let _ = (level, hd, bs);
+        KvFormat::F16
+    }
+
+    /// [`KvFormat::for_level`] at [`super::simd_level`].
+    pub fn of(hd: usize, bs: usize) -> KvFormat {
+        KvFormat::for_level(super::simd_level(), hd, bs)
+    }
+}
+
+/// Stores position `i` of one KV head's block in `format`: `key` and `value` (`hd` each) into the
+/// block's keys `k` and values `v` (`hd * bs` elements each).
+pub fn store_kv(
+    format: KvFormat,
+    i: usize,
+    key: &[f32],
+    value: &[f32],
+    k: &mut [u16],
+    v: &mut [u16],
+) {
+    let hd = key.len();
+    let bs = k.len() / hd;
+    assert!(value.len() == hd && i < bs && k.len() == hd * bs && v.len() == hd * bs);
+    assert!(hd <= 256, "store_kv: head of {hd}");
+    let round = |src: &[f32], dst: &mut [u16]| match format {
+        KvFormat::F16 => super::to_f16(src, dst),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Bf16Tiles` is chosen only where the AMX level runs (AVX-512 F/BF16), for
+        // heads of 32 or 64 (multiples of 16); the lengths are equal.
+        KvFormat::Bf16Tiles => unsafe { flash_amx::to_bf16(src, dst) },
+        #[cfg(not(target_arch = "x86_64"))]
+        KvFormat::Bf16Tiles => unreachable!("bf16 tiles off x86"),
+    };
+    let (mut kb, mut vb) = ([0u16; 256], [0u16; 256]);
+    round(key, &mut kb[..hd]);
+    round(value, &mut vb[..hd]);
+    for d in 0..hd {
+        match format {
+            KvFormat::F16 => {
+                k[d * bs + i] = kb[d];
+                v[i * hd + d] = vb[d];
+            }
+            KvFormat::Bf16Tiles => {
+                k[(d / 2) * 2 * bs + 2 * i + d % 2] = kb[d];
+                v[(i / 2) * 2 * hd + 2 * d + i % 2] = vb[d];
+            }
+        }
+    }
+}
+
+/// One KV head of one sequence in a paged cache, in a [`KvFormat`].
 ///
 /// A block's keys are stored transposed, so that one vector load holds one element of 16
 /// positions: the scores of a block's 16 positions are `head_dim` FMAs with the query's elements
 /// broadcast, each key load shared by every query head of the group, and no horizontal sums.
 #[derive(Clone, Copy, Debug)]
 pub struct KvHead<'a> {
-    /// Keys: element `d` of position `i` of block `b` at `b * block_stride + d * block_size + i`.
+    /// Keys: with [`KvFormat::F16`], element `d` of position `i` of block `b` at `b *
+    /// block_stride + d * block_size + i`.
     pub k: &'a [u16],
-    /// Values: element `d` of position `i` of block `b` at `b * block_stride + i * head_dim + d`.
+    /// Values: with [`KvFormat::F16`], element `d` of position `i` of block `b` at `b *
+    /// block_stride + i * head_dim + d`.
     pub v: &'a [u16],
+    /// How the blocks hold them: the format of [`KvFormat::for_level`] at the level attention
+    /// runs at (checked).
+    pub format: KvFormat,
     pub head_dim: usize,
     /// Elements from one block to the next (at least `block_size * head_dim`).
     pub block_stride: usize,
@@ -142,6 +217,11 @@ pub fn attend_rows_with(
         pad: n_max.next_multiple_of(16),
     };
     let level = level.clamp();
+    assert_eq!(
+        kv.format,
+        KvFormat::for_level(level, hd, bs),
+        "attend_rows: a cache of another level's format"
+    );
     #[cfg(target_arch = "x86_64")]
     if level != SimdLevel::Scalar && flash::takes(hd, bs) {
         let call = flash::Call {
@@ -157,7 +237,12 @@ pub fn attend_rows_with(
             // present; every used block lies inside both caches and `q` holds every row's heads
             // (asserted above); `out` holds the rows.
             unsafe { flash::run_avx2(kv, &call, out) };
-        } else if level == SimdLevel::Avx512Bf16 {
+        } else if kv.format == KvFormat::Bf16Tiles {
+            // SAFETY: as above, with AVX-512 F/BW/VL/BF16: the format is the AMX level's, which
+            // runs here only where the tile state was granted (`flash_amx::usable`), for a
+            // shape its kernel takes.
+            unsafe { flash_amx::run(kv, &call, out) };
+        } else if matches!(level, SimdLevel::Avx512Bf16 | SimdLevel::Amx) {
             // SAFETY: as above, with AVX-512 F/BW/VL/BF16.
             unsafe { flash_bf16::run(kv, &call, out) };
         } else {
@@ -171,7 +256,7 @@ pub fn attend_rows_with(
         scores.resize(heads * args.pad, 0.0);
         match level {
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16
+            SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 | SimdLevel::Amx
                 if hd <= 16 * x86::MAX_VECS && bs == 16 =>
             {
                 // SAFETY: the level is clamped to what the CPU runs: AVX-512 F/BW/VL are present;

@@ -16,7 +16,7 @@ pub fn to_f16_with(level: SimdLevel, src: &[f32], dst: &mut [u16]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level is clamped to what the CPU runs, so AVX-512 F/BW/VL are present; the
         // lengths are equal (asserted above).
-        SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => unsafe {
+        SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 | SimdLevel::Amx => unsafe {
             x86::to_f16(src, dst)
         },
         #[cfg(target_arch = "x86_64")]

@@ -15,7 +15,7 @@ pub fn dot_f32_with(level: SimdLevel, a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot_f32: lengths differ");
     match level.clamp() {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => {
+        SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 | SimdLevel::Amx => {
             // SAFETY: the clamped level guarantees AVX-512F; lengths are equal.
             unsafe { x86::dot_f32_avx512(a, b) }
         }
@@ -38,7 +38,7 @@ pub fn axpy_with(level: SimdLevel, a: f32, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), y.len(), "axpy: lengths differ");
     match level.clamp() {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => {
+        SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 | SimdLevel::Amx => {
             // SAFETY: the clamped level guarantees AVX-512F; lengths are equal.
             unsafe { x86::axpy_avx512(a, x, y) }
         }
@@ -56,7 +56,7 @@ fn dot_float_row(level: SimdLevel, dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 
     match (level, dtype) {
         #[cfg(target_arch = "x86_64")]
         (
-            SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16,
+            SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 | SimdLevel::Amx,
             GgmlType::F16 | GgmlType::BF16 | GgmlType::F32,
         ) => {
             assert!(w.len() >= x.len() * dtype.type_size());

@@ -268,7 +268,9 @@ impl LaneKernel {
     /// The kernel that serves `level` (`None` for the portable level).
     pub(crate) fn for_level(level: SimdLevel) -> Option<LaneKernel> {
         match level {
-            SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => Some(LaneKernel::Avx512Vnni),
+            SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 | SimdLevel::Amx => {
+                Some(LaneKernel::Avx512Vnni)
+            }
             SimdLevel::Avx512 => Some(LaneKernel::Avx512MaddUbs),
             SimdLevel::Avx2Vnni => Some(LaneKernel::AvxVnni),
             SimdLevel::Avx2 => Some(LaneKernel::Avx2MaddUbs),

@@ -20,7 +20,9 @@
 //! The instruction set is detected once ([`simd_level`]): the best level the CPU runs, except
 //! that `avx512bf16` is chosen only where `vdpbf16ps` outruns f32 FMAs (AMD; on Intel's
 //! Sapphire Rapids-class cores it issues at a quarter of their rate, and `avx512vnni`'s f32
-//! attention is faster). `SLUICE_SIMD=scalar|avx2|avx2vnni|avx512|avx512vnni|avx512bf16` forces
+//! attention is faster), and above it `amx` where the CPU has AMX tiles and Linux grants them
+//! (attention by `tdpbf16ps` over a bf16 cache in the tiles' layout, [`KvFormat::Bf16Tiles`]).
+//! `SLUICE_SIMD=scalar|avx2|avx2vnni|avx512|avx512vnni|avx512bf16|amx` forces
 //! a level, or the best this CPU runs below it (`avx2` is AVX2 without AVX-VNNI, as on the
 //! AVX2-only EPYCs; `avx512` is AVX-512 without VNNI), and the `*_with` functions let tests pick
 //! a level explicitly (never above `SLUICE_SIMD` or the CPU, so forcing a level can never select
@@ -39,6 +41,8 @@ mod f16;
 mod flash;
 #[cfg(target_arch = "x86_64")]
 mod flash512;
+#[cfg(target_arch = "x86_64")]
+mod flash_amx;
 #[cfg(target_arch = "x86_64")]
 mod flash_bf16;
 mod fused;
@@ -107,7 +111,7 @@ mod vexp;
 mod ymm2;
 
 pub use argmax::{argmax, argmax_with};
-pub use attention::{attend_rows, attend_rows_with, KvHead};
+pub use attention::{attend_rows, attend_rows_with, store_kv, KvFormat, KvHead};
 pub use f16::{to_f16, to_f16_with};
 pub use float::{axpy, axpy_with, dot_f32, dot_f32_with};
 pub use fused::{Fused, Prologue};
@@ -202,17 +206,22 @@ pub enum SimdLevel {
     /// attention's two small matrix products by `vdpbf16ps`; every other kernel is
     /// `avx512vnni`'s. Chosen by default only where it pays ([`bf16_attention_pays`]).
     Avx512Bf16,
+    /// `avx512bf16` with AMX's tiles (`amx_tile amx_bf16`: Sapphire Rapids and later, where
+    /// Linux grants the tile state): attention's two small matrix products by `tdpbf16ps`
+    /// (`flash_amx`); every other kernel is `avx512vnni`'s.
+    Amx,
 }
 
 impl SimdLevel {
     /// Every level, slowest first.
-    pub const ALL: [SimdLevel; 6] = [
+    pub const ALL: [SimdLevel; 7] = [
         SimdLevel::Scalar,
         SimdLevel::Avx2,
         SimdLevel::Avx2Vnni,
         SimdLevel::Avx512,
         SimdLevel::Avx512Vnni,
         SimdLevel::Avx512Bf16,
+        SimdLevel::Amx,
     ];
 
     /// The level's name, as `SLUICE_SIMD` takes it.
@@ -224,6 +233,7 @@ impl SimdLevel {
             SimdLevel::Avx512 => "avx512",
             SimdLevel::Avx512Vnni => "avx512vnni",
             SimdLevel::Avx512Bf16 => "avx512bf16",
+            SimdLevel::Amx => "amx",
         }
     }
 
@@ -244,6 +254,7 @@ impl SimdLevel {
             SimdLevel::Avx512 => 4,
             SimdLevel::Avx512Vnni => 5,
             SimdLevel::Avx512Bf16 => 6,
+            SimdLevel::Amx => 7,
         }
     }
 
@@ -290,6 +301,7 @@ impl SimdLevel {
             SimdLevel::Avx512 => avx512,
             SimdLevel::Avx512Vnni => avx512 && has!("avx512vnni"),
             SimdLevel::Avx512Bf16 => avx512 && has!("avx512vnni") && has!("avx512bf16"),
+            SimdLevel::Amx => SimdLevel::Avx512Bf16.runs_here() && flash_amx::usable(),
         }
     }
 
@@ -315,7 +327,7 @@ fn detected() -> (SimdLevel, SimdLevel) {
         let forced = std::env::var("SLUICE_SIMD").ok().and_then(|v| {
             let level = SimdLevel::ALL.into_iter().find(|l| l.name() == v.trim());
             if level.is_none() {
-                let known = "scalar, avx2, avx2vnni, avx512, avx512vnni, avx512bf16";
+                let known = "scalar, avx2, avx2vnni, avx512, avx512vnni, avx512bf16, amx";
                 tracing::warn!(value = %v, known, "unknown SLUICE_SIMD; not forcing a level");
             }
             level
@@ -326,7 +338,7 @@ fn detected() -> (SimdLevel, SimdLevel) {
                 (level, level)
             }
             None => {
-                let cap = SimdLevel::Avx512Bf16.best_at_or_below();
+                let cap = SimdLevel::Amx.best_at_or_below();
                 let chosen = if cap == SimdLevel::Avx512Bf16 && !bf16_attention_pays() {
                     SimdLevel::Avx512Vnni
                 } else {
@@ -647,7 +659,7 @@ fn tile_dispatch(
 ) {
     match level {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => {
+        SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 | SimdLevel::Amx => {
             // SAFETY: `level` was clamped to the detected level, so the CPU has AVX-512
             // F/BW/VL/VNNI, FMA and F16C.
             unsafe { avx512::tile(dtype, nr, c, w, row_bytes, xq, xds, cols, out) }

@@ -145,7 +145,7 @@ pub(crate) fn quantize_rows(
     assert!(qs.len() >= x.len() && ds.len() >= 2 * nb && sums.len() >= nb);
     match level {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => {
+        SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 | SimdLevel::Amx => {
             // SAFETY: callers pass a level no higher than the CPU runs; lengths checked above.
             unsafe { quantize_avx512(x, qs, ds, sums) }
         }

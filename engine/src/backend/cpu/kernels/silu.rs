@@ -35,7 +35,7 @@ unsafe fn dispatch(level: SimdLevel, g: *const f32, u: *const f32, out: *mut f32
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level is clamped to what the CPU runs, so AVX-512 F and VL are present; the
         // pointers are the caller's promise.
-        SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 => unsafe {
+        SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 | SimdLevel::Amx => unsafe {
             x86::silu_mul(g, u, out, len)
         },
         #[cfg(target_arch = "x86_64")]

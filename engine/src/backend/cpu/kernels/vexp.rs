@@ -145,7 +145,7 @@ pub(super) fn exp8(level: super::SimdLevel, x: &[f32]) -> [f32; 8] {
         let v = _mm256_loadu_ps(x.as_ptr());
         let e = if matches!(
             level,
-            SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16
+            SimdLevel::Avx512 | SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 | SimdLevel::Amx
         ) {
             exp(v)
         } else {

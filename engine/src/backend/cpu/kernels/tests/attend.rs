@@ -44,15 +44,24 @@ fn attention_rows_match_reference() {
             .into_iter()
             .map(f16_exact)
             .collect();
-        let (mut kc, mut vc) = (vec![0u16; slots * block_stride / bs + hd], vec![0u16; 0]);
-        vc.resize(kc.len(), 0);
-        for p in 0..n_max {
-            let (base, i) = (blocks[p / bs] as usize * block_stride, p % bs);
-            for d in 0..hd {
-                kc[base + d * bs + i] = f16::from_f32(k[p * hd + d]).to_bits();
-                vc[base + i * hd + d] = f16::from_f32(v[p * hd + d]).to_bits();
+        // The caches in each format (unwritten slots NaN: no kernel may read them into a sum).
+        let cache = |format| {
+            let len = slots * block_stride / bs + hd;
+            let (mut kc, mut vc) = (vec![0xffffu16; len], vec![0xffffu16; len]);
+            for p in 0..n_max {
+                let (base, i) = (blocks[p / bs] as usize * block_stride, p % bs);
+                store_kv(
+                    format,
+                    i,
+                    &k[p * hd..][..hd],
+                    &v[p * hd..][..hd],
+                    &mut kc[base..][..hd * bs],
+                    &mut vc[base..][..hd * bs],
+                );
             }
-        }
+            (kc, vc)
+        };
+        let (kc, vc) = cache(KvFormat::F16);
         let q_stride = heads * hd + 3;
         let q = random_acts(&mut rng, n_rows * q_stride);
         let scale = 1.0 / (hd as f32).sqrt();
@@ -63,6 +72,7 @@ fn attention_rows_match_reference() {
             block_stride,
             blocks: &blocks,
             block_size: bs,
+            format: KvFormat::F16,
         };
         let mut want = vec![0f32; n_rows * heads * hd];
         for (i, w) in want.chunks_exact_mut(hd).enumerate() {
@@ -92,9 +102,20 @@ fn attention_rows_match_reference() {
         }
         let what = |level| format!("attention hd={hd} bs={bs} heads={heads} {level:?}");
         for level in levels() {
+            let format = KvFormat::for_level(level, hd, bs);
+            let (kl, vl) = cache(format);
+            let kv_level = KvHead {
+                k: &kl,
+                v: &vl,
+                format,
+                ..kv
+            };
+            let kv_level = &kv_level;
             let mut got = vec![f32::NAN; want.len()];
-            attend_rows_with(level, &kv, &q, q_stride, hd, heads, n_ctx0, scale, &mut got);
-            if level == SimdLevel::Avx512Bf16 {
+            attend_rows_with(
+                level, kv_level, &q, q_stride, hd, heads, n_ctx0, scale, &mut got,
+            );
+            if matches!(level, SimdLevel::Avx512Bf16 | SimdLevel::Amx) {
                 // bf16 factors carry 8 bits of mantissa (each rounding within 2^-9 relative):
                 // scores of a few tens move by a few hundredths, and a peaked softmax's weights
                 // by as many percent. Measured: at most 1.4% an element, 0.31% RMS.
@@ -114,7 +135,17 @@ fn attention_rows_match_reference() {
                 for g in 0..heads {
                     let mut one = vec![f32::NAN; hd];
                     let qg = &q[r * q_stride + g * hd..];
-                    attend_rows_with(level, &kv, qg, q_stride, hd, 1, n_ctx0 + r, scale, &mut one);
+                    attend_rows_with(
+                        level,
+                        kv_level,
+                        qg,
+                        q_stride,
+                        hd,
+                        1,
+                        n_ctx0 + r,
+                        scale,
+                        &mut one,
+                    );
                     let at = (r * heads + g) * hd;
                     let same = one
                         .iter()
@@ -220,4 +251,37 @@ fn softmax_exp_is_within_two_ulps<const N: usize>(what: &str, exp: impl Fn(&[f32
     x[1] = -1e4;
     let got = exp(&x);
     assert!(got.iter().all(|&g| g.to_bits() == 0), "{what}: {got:?}");
+}
+
+/// The AMX kernel's base-2 softmax weight within 5e-6 relative of `f64::exp2` over [-126, 8]
+/// (a weight of a normal float up to the lazy rescale's `2^8`), and exactly 0 for -inf and below
+/// -150.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn amx_softmax_exp2_is_within_5e_6() {
+    if SimdLevel::Amx.clamp() != SimdLevel::Amx {
+        return;
+    }
+    let xs: Vec<f32> = (0..=1 << 20)
+        .map(|i| -126.0 + 134.0 * i as f32 / (1 << 20) as f32)
+        .chain([0.0, -0.0, -1e-30, 8.0, -0.5, 0.5])
+        .collect();
+    let mut worst = 0f64;
+    for c in xs.chunks(16) {
+        let mut x = [0f32; 16];
+        x[..c.len()].copy_from_slice(c);
+        // SAFETY: AVX-512 F is present (the AMX level runs here).
+        let got = unsafe { flash_amx::exp2_16_for_test(&x) };
+        for (&x, g) in x.iter().zip(got) {
+            let want = (x as f64).exp2();
+            worst = worst.max((g as f64 - want).abs() / want);
+        }
+    }
+    assert!(worst < 5e-6, "amx exp2: {worst:e} relative");
+    let mut x = [-150.5f32; 16];
+    x[0] = f32::NEG_INFINITY;
+    x[1] = -1e4;
+    // SAFETY: as above.
+    let got = unsafe { flash_amx::exp2_16_for_test(&x) };
+    assert!(got.iter().all(|&g| g.to_bits() == 0), "amx exp2: {got:?}");
 }

@@ -27,7 +27,7 @@ impl Rng {
     }
 }
 
-const ALL_LEVELS: [SimdLevel; 6] = SimdLevel::ALL;
+const ALL_LEVELS: [SimdLevel; 7] = SimdLevel::ALL;
 
 /// The levels this CPU really runs (others would be clamped to one of these).
 pub(super) fn levels() -> Vec<SimdLevel> {
@@ -543,7 +543,7 @@ fn the_default_level_skips_bf16_attention_only_where_it_does_not_pay() {
         return;
     }
     let (chosen, cap) = super::detected();
-    assert_eq!(cap, SimdLevel::Avx512Bf16.best_at_or_below());
+    assert_eq!(cap, SimdLevel::Amx.best_at_or_below());
     if cap == SimdLevel::Avx512Bf16 && !super::bf16_attention_pays() {
         assert_eq!(chosen, SimdLevel::Avx512Vnni);
         assert!(SimdLevel::alternatives().any(|l| l == SimdLevel::Avx512Bf16));
