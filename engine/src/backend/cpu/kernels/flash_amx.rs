@@ -73,7 +73,11 @@ pub(super) fn usable() -> bool {
         #[allow(unused_unsafe)]
         // SAFETY: every x86_64 CPU has CPUID; leaf 7 reads as zeros where it is absent.
         let id = unsafe { __cpuid_count(7, 0) };
-        id.edx & (1 << 22) != 0 && id.edx & (1 << 24) != 0 && request_tile_state()
+        id.edx & (1 << 22) != 0
+            && id.edx & (1 << 24) != 0
+            && request_tile_state()
+            // SAFETY: the CPU has the tiles and bf16 products, and the state is granted.
+            && unsafe { known_answer() }
     })
 }
 
@@ -160,6 +164,28 @@ macro_rules! tile_op {
             options(nostack, nomem)
         )
     };
+}
+
+/// One product of known factors (16 × 32 ones by 32 × 16 twos: 64 in every sum), so that a
+/// tile unit that runs but answers wrong (a hypervisor that keeps no tile state, say) is not
+/// used. It leaves this thread configured.
+///
+/// # Safety
+/// The CPU has AMX-TILE and AMX-BF16, and Linux granted the tile data state.
+unsafe fn known_answer() -> bool {
+    let ones = [0x3f80_3f80u32; 16 * 16];
+    let twos = [0x4000_4000u32; 16 * 16];
+    let mut sums = [0f32; 16 * 16];
+    // SAFETY: the caller's promise; each buffer is 16 rows of 64 bytes.
+    unsafe {
+        configure();
+        tile_op!(zero 0);
+        tile_load!(2, ones.as_ptr(), 64usize);
+        tile_load!(3, twos.as_ptr(), 64usize);
+        tile_op!(0 += 2 * 3);
+        tile_store!(0, sums.as_mut_ptr(), 64usize);
+    }
+    sums.iter().all(|&x| x == 64.0)
 }
 
 /// Whether this kernel takes the shape: heads of 32 or 64 elements (the weighted values of 16
