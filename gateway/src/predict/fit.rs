@@ -56,36 +56,12 @@ impl<const N: usize> OnlineFit<N> {
     /// One observation `y` at features `x`, with measurement noise `noise` (standard
     /// deviation, in `y`'s unit).
     pub fn observe(&mut self, x: &[f64; N], y: f64, noise: f64) {
-        self.observe_holding(x, y, noise, None);
-    }
-
-    /// [`OnlineFit::observe`], but coefficient `held` (if any) stays where it is and keeps its
-    /// uncertainty for later: the observation cannot tell it from the others (its feature
-    /// moves in step with another's), and without the hold the filter would trade one for the
-    /// other at random and extrapolate the trade.
-    pub fn observe_holding(&mut self, x: &[f64; N], y: f64, noise: f64, held: Option<usize>) {
         if !y.is_finite() || x.iter().any(|v| !v.is_finite()) {
             return;
         }
         for i in 0..N {
             self.cov[i][i] += self.drift[i];
         }
-        let kept = held.filter(|&h| h < N).map(|h| {
-            let var = self.cov[h][h];
-            for j in 0..N {
-                self.cov[h][j] = 0.0;
-                self.cov[j][h] = 0.0;
-            }
-            (h, var)
-        });
-        self.update(x, y, noise);
-        if let Some((h, var)) = kept {
-            self.cov[h][h] = var;
-        }
-    }
-
-    /// The filter's update for one observation (drift already added).
-    fn update(&mut self, x: &[f64; N], y: f64, noise: f64) {
         let px: [f64; N] = std::array::from_fn(|i| dot(&self.cov[i], x));
         let s = dot(x, &px) + noise * noise;
         if s <= 0.0 || !s.is_finite() {
@@ -137,35 +113,6 @@ mod tests {
             assert!((g - t).abs() < 0.02, "{got:?}");
         }
         assert_eq!(fit.observations(), 400);
-    }
-
-    #[test]
-    fn a_held_coefficient_stays_while_the_others_absorb_the_error() {
-        // Features [k², k²·φ] with φ stuck at 0.7: only b + 0.7 e is observed. The truth is
-        // b = 0.2, e = 0.15 (0.305 together); the seed has e right and b at 0.1.
-        let mut free = OnlineFit::new([0.1, 0.15], [0.2, 0.15]);
-        let mut held = free.clone();
-        for i in 0..300 {
-            let k = [1.0, 4.0, 8.0][i % 3];
-            let x = [k * k, k * k * 0.7];
-            let y = 0.305 * k * k;
-            free.observe(&x, y, 0.2 * y);
-            held.observe_holding(&x, y, 0.2 * y, Some(1));
-        }
-        let [b, e] = held.coefficients();
-        assert_eq!(e, 0.15);
-        assert!((b - 0.2).abs() < 0.01, "{b}");
-        // Both fit what they saw; only the held one extrapolates to φ = 0 (alone).
-        assert!((free.predict(&[64.0, 44.8]) - 19.52).abs() < 1.0);
-        assert!((held.predict(&[64.0, 0.0]) - 12.8).abs() < 0.7);
-        // The held coefficient kept its uncertainty: once φ varies it moves again.
-        for i in 0..300 {
-            let (k, phi) = ([1.0, 4.0, 8.0][i % 3], [0.0, 1.0][i % 2]);
-            let y = 0.2 * k * k + 0.3 * k * k * phi;
-            held.observe(&[k * k, k * k * phi], y, 0.2 * y);
-        }
-        let [b, e] = held.coefficients();
-        assert!((b - 0.2).abs() < 0.02 && (e - 0.3).abs() < 0.03, "{b} {e}");
     }
 
     #[test]

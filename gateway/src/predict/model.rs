@@ -45,49 +45,7 @@ pub struct CostModel {
     /// Seconds between a stream's tokens while some prefill runs (`None`: none seen yet).
     beside_prefill: Option<f64>,
     beside_prefill_observations: u64,
-    /// How the decoding share `φ` of long prefills (a thousand tokens or more, where the
-    /// square terms weigh) has varied: see [`PhiSpread`].
-    phi: PhiSpread,
     refit: bool,
-}
-
-/// The spread of the decoding share `φ` over recent long prefills, as running means of `φ` and
-/// `φ²` (about the last ten count, as in the fits).
-///
-/// While it stays under [`PhiSpread::VARIED`], `k²` and `k²·φ` move in step and the prefill
-/// fit cannot tell `b` from `e`: under steady traffic it traded one for the other (on the
-/// model-167 Xeon, `b` from the calibrated 0.20 to 0.31–0.36 s/1K², `e` to about 0), and an 8K
-/// prompt admitted alone was then predicted at the square term of a busy upstream and refused.
-/// So `e` is held at its calibrated value (`sluice-load calibrate` measures prompts alone and
-/// beside decodes) until `φ` has varied.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-struct PhiSpread {
-    mean: f64,
-    mean_sq: f64,
-    observations: u64,
-}
-
-impl PhiSpread {
-    /// A standard deviation of `φ` from which `e` is refitted.
-    const VARIED: f64 = 0.1;
-    /// Long prefills seen before the spread counts.
-    const FIRST: u64 = 5;
-    const GAIN: f64 = 0.1;
-
-    fn observe(&mut self, phi: f64) {
-        if self.observations == 0 {
-            (self.mean, self.mean_sq) = (phi, phi * phi);
-        } else {
-            self.mean += Self::GAIN * (phi - self.mean);
-            self.mean_sq += Self::GAIN * (phi * phi - self.mean_sq);
-        }
-        self.observations += 1;
-    }
-
-    fn varied(&self) -> bool {
-        let var = (self.mean_sq - self.mean * self.mean).max(0.0);
-        self.observations >= Self::FIRST && var.sqrt() >= Self::VARIED
-    }
 }
 
 /// How far one stream moves the gap beside a prefill: about the last ten streams count, as in
@@ -169,7 +127,6 @@ impl CostModel {
             ),
             beside_prefill: None,
             beside_prefill_observations: 0,
-            phi: PhiSpread::default(),
             refit: seed.refit,
         }
     }
@@ -192,13 +149,8 @@ impl CostModel {
             // on the bundled engine) would weigh a 20 ms and a 50 ms prefill alike, and the
             // fit would average them instead of following the short ones.
             let noise = (0.2 * seconds).max(0.002);
-            if prompt >= 1000 {
-                self.phi.observe(beside.decoding.clamp(0.0, 1.0));
-            }
-            // `e`, the square term beside decodes, waits for `φ` to vary (see `PhiSpread`).
-            let held = (!self.phi.varied()).then_some(4);
             self.prefill
-                .observe_holding(&prefill_x(prompt, beside), seconds, noise, held);
+                .observe(&prefill_x(prompt, beside), seconds, noise);
         }
     }
 
@@ -324,44 +276,6 @@ mod tests {
             decoding: 1.0,
         };
         assert_eq!(m.prefill(8192, over), m.prefill(8192, full));
-    }
-
-    #[test]
-    fn steady_traffic_keeps_the_calibrated_split_of_the_square_terms() {
-        // The calibrated engine: 0.4 s per 1K, 0.2 s per 1K², 0.15 s per 1K² more beside
-        // decodes. Under steady traffic every long prompt prefills with φ near 0.7 and the
-        // engine is 10% slower than calibrated.
-        let seed = Cost {
-            prefill_base_ms: 10.0,
-            prefill_ms_per_1k: 400.0,
-            prefill_ms_per_1k_squared: 200.0,
-            prefill_ms_per_1k_squared_beside_decodes: 150.0,
-            ..Cost::default()
-        };
-        let mut m = CostModel::new(&seed);
-        let truth = |p: usize, share: f64| {
-            let k = p as f64 / 1000.0;
-            1.1 * (0.01 + 0.4 * k + 0.2 * k * k + 0.15 * k * k * share)
-        };
-        for i in 0..200 {
-            let p = [256, 256, 256, 4096, 8192][i % 5];
-            let share = 0.68 + 0.04 * (i % 3) as f64;
-            let beside = Beside {
-                context: 0,
-                decoding: share,
-            };
-            m.observe_prefill(p, beside, truth(p, share));
-        }
-        assert_eq!(m.parameters().prefill[4], 0.15);
-        // What it saw, and an 8K prompt alone, within 10%.
-        for share in [0.7, 0.0] {
-            let beside = Beside {
-                context: 0,
-                decoding: share,
-            };
-            let (got, want) = (m.prefill(8192, beside), truth(8192, share));
-            assert!((got - want).abs() < 0.1 * want, "{share}: {got} vs {want}");
-        }
     }
 
     #[test]
