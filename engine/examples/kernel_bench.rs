@@ -240,11 +240,10 @@ fn prefill_attention_bench(budget: Duration, ns: &[usize]) {
             format: KvFormat::of(hd, bs),
         };
         let scale = 1.0 / (hd as f32).sqrt();
-        let task = 16;
-        let mut out = vec![0f32; task * group * hd];
+        let mut out = vec![0f32; 16 * group * hd];
         let t = time_it(budget, || {
-            for r0 in (0..n).step_by(task) {
-                let rows = task.min(n - r0);
+            for r0 in (0..n).step_by(16) {
+                let rows = 16.min(n - r0);
                 let q = &q[r0 * group * hd..];
                 let out = &mut out[..rows * group * hd];
                 attend_rows(&kv, q, group * hd, hd, group, r0 + 1, scale, out);

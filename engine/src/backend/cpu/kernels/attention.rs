@@ -52,29 +52,32 @@ pub fn store_kv(
     let bs = k.len() / hd;
     assert!(value.len() == hd && i < bs && k.len() == hd * bs && v.len() == hd * bs);
     assert!(hd <= 256, "store_kv: head of {hd}");
-    let round = |src: &[f32], dst: &mut [u16]| match format {
-        KvFormat::F16 => super::to_f16(src, dst),
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Bf16Tiles` is chosen only where the AMX level runs (AVX-512 F/BF16), for
-        // heads of 32 or 64 (multiples of 16); the lengths are equal.
-        KvFormat::Bf16Tiles => unsafe { flash_amx::to_bf16(src, dst) },
-        #[cfg(not(target_arch = "x86_64"))]
-        KvFormat::Bf16Tiles => unreachable!("bf16 tiles off x86"),
-    };
-    let (mut kb, mut vb) = ([0u16; 256], [0u16; 256]);
-    round(key, &mut kb[..hd]);
-    round(value, &mut vb[..hd]);
-    for d in 0..hd {
-        match format {
-            KvFormat::F16 => {
-                k[d * bs + i] = kb[d];
-                v[i * hd + d] = vb[d];
+    let mut bits = [0u16; 256];
+    let bits = &mut bits[..hd];
+    match format {
+        KvFormat::F16 => {
+            super::to_f16(key, bits);
+            for (d, &x) in bits.iter().enumerate() {
+                k[d * bs + i] = x;
             }
-            KvFormat::Bf16Tiles => {
-                k[(d / 2) * 2 * bs + 2 * i + d % 2] = kb[d];
-                v[(i / 2) * 2 * hd + 2 * d + i % 2] = vb[d];
+            super::to_f16(value, &mut v[i * hd..][..hd]);
+        }
+        #[cfg(target_arch = "x86_64")]
+        KvFormat::Bf16Tiles => {
+            // SAFETY: `Bf16Tiles` is chosen only where the AMX level runs (AVX-512 F/BF16), for
+            // heads of 32 or 64 (multiples of 16); the lengths are equal.
+            unsafe { flash_amx::to_bf16(key, bits) };
+            for (d, &x) in bits.iter().enumerate() {
+                k[(d / 2) * 2 * bs + 2 * i + d % 2] = x;
+            }
+            // SAFETY: as above.
+            unsafe { flash_amx::to_bf16(value, bits) };
+            for (d, &x) in bits.iter().enumerate() {
+                v[(i / 2) * 2 * hd + 2 * d + i % 2] = x;
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        KvFormat::Bf16Tiles => unreachable!("bf16 tiles off x86"),
     }
 }
 

@@ -33,6 +33,7 @@ use std::cell::Cell;
 use std::sync::OnceLock;
 
 use super::flash::{Call, BLOCK};
+use super::flash_bf16::bits;
 use super::KvHead;
 
 /// Queries in one product: a tile's rows.
@@ -218,9 +219,10 @@ pub(super) unsafe fn run(kv: &KvHead, c: &Call, out: &mut [f32]) {
 /// tile.
 const STEP: usize = 2 * BLOCK;
 
-/// The keys of a block past the sequence's last (a step's second block when the blocks are
-/// odd in number): zeros, 16 positions of 64 elements.
-static NO_KEYS: [u16; 64 * BLOCK] = [0; 64 * BLOCK];
+/// Stands for a block past the sequence's last (a step's second block when the blocks are odd
+/// in number): zero keys for its scores, and a valid address for its values' loads, which read
+/// nothing.
+static NO_BLOCK: [u16; 64 * BLOCK] = [0; 64 * BLOCK];
 
 /// As [`run`], with `c.hd == 16 * NV`, `NV` 2 or 4: the queries in groups of 16, each group over
 /// every step below its last limit.
@@ -229,10 +231,8 @@ static NO_KEYS: [u16; 64 * BLOCK] = [0; 64 * BLOCK];
 /// As [`run`], with this thread configured.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn call<const NV: usize>(kv: &KvHead, c: &Call, out: &mut [f32]) {
+    // At least one query: `attend_rows` returns early on none.
     let nq = out.len() / c.hd;
-    if nq == 0 {
-        return;
-    }
     // The call's last query sees positions below `live`: past it a slot may hold anything.
     let live = c.n_ctx0 + (nq - 1) / c.heads;
     for i0 in (0..nq).step_by(ROWS) {
@@ -271,7 +271,7 @@ fn stage_values<const NV: usize>(
             (_, 1) => 0x5555_5555,
             _ => !0,
         };
-        let src = base.map_or(NO_KEYS.as_ptr(), |b| kv.v[b..][..hd * BLOCK].as_ptr());
+        let src = base.map_or(NO_BLOCK.as_ptr(), |b| kv.v[b..][..hd * BLOCK].as_ptr());
         for (j, tile) in tiles.iter_mut().enumerate() {
             // SAFETY: pair `pair` of a block holds `2 * hd` halves, of which the masked load
             // reads only the kept ones (none outside a live block).
@@ -349,7 +349,7 @@ impl<const NV: usize> Group<NV> {
         let q = self.q.as_ptr().cast::<u8>();
         let keys = |b: usize| match block(kv, live, b) {
             Some(base) => kv.k[base..][..hd * BLOCK].as_ptr(),
-            None => NO_KEYS.as_ptr(),
+            None => NO_BLOCK.as_ptr(),
         };
         // Step `s`'s scores into tiles 0 and 1 (issued; the tile unit runs them on its own).
         let issue_scores = |s: usize| {
@@ -573,13 +573,6 @@ fn exp2_16(x: __m512) -> __m512 {
     }
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0));
     _mm512_scalef_ps(p, n)
-}
-
-/// A vector of 32 bf16 as plain bits.
-#[inline(always)]
-fn bits(v: __m512bh) -> __m512i {
-    // SAFETY: both are 64 bytes of plain data with no invalid bit patterns.
-    unsafe { std::mem::transmute::<__m512bh, __m512i>(v) }
 }
 
 /// [`exp2_16`] of 16 values, for tests.

@@ -58,7 +58,7 @@ fn pair_rows(lo: __m512, hi: __m512) -> __m512i {
 
 /// A vector of 32 bf16 as plain bits.
 #[inline(always)]
-fn bits(v: __m512bh) -> __m512i {
+pub(super) fn bits(v: __m512bh) -> __m512i {
     // SAFETY: both are 64 bytes of plain data with no invalid bit patterns.
     unsafe { std::mem::transmute::<__m512bh, __m512i>(v) }
 }
