@@ -241,7 +241,7 @@ pub fn attend_rows_with(
             // (asserted above); `out` holds the rows.
             unsafe { flash::run_avx2(kv, &call, out) };
         } else if kv.format == KvFormat::Bf16Tiles {
-            // SAFETY: as above, with AVX-512 F/BW/VL/BF16: the format is the AMX level's, which
+            // SAFETY: as above, with AVX-512 F/BW/DQ/VL/BF16: the format is the AMX level's, which
             // runs here only where the tile state was granted (`flash_amx::usable`), for a
             // shape its kernel takes.
             unsafe { flash_amx::run(kv, &call, out) };

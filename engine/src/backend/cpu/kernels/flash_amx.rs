@@ -1,21 +1,23 @@
 //! Tiled attention on AMX (Sapphire Rapids and later): both small matrix products of a step
-//! done by the tile unit's `tdpbf16ps`, which multiplies a 16 × 32 bf16 tile by a 32 × 16 one
-//! into 16 × 16 f32 sums in one instruction (8,192 multiply-adds, against 32 for `vdpbf16ps`).
-//! The products cost next to nothing; what is left is the softmax, on zmm registers between them.
+//! done by the tile unit's `tdpbf16ps`, which multiplies a 16 × 16 bf16 tile by a 16 × 16 one
+//! into 16 × 16 f32 sums in one instruction (4,096 multiply-adds, against 32 for `vdpbf16ps`).
+//! A step's 16 products take ~70 ns of the tile unit's time on model 167, while the vector unit
+//! takes the softmax between them (~80 ns).
 //!
 //! The cache holds this kernel's operands as they are ([`super::KvFormat::Bf16Tiles`]): a block's
 //! keys are its key tiles (rows of element pairs × 16 positions), its values rows of position
 //! pairs × elements. Queries go in groups of 16 (a tile's rows), each scaled by `scale · log2 e`
 //! and rounded once to bf16. Per group and step of 32 positions (two blocks):
-//! - the scores, one product per 32 elements of the head and block, into tiles 0 and 1; the tile
-//!   unit computes the next step's while the vector unit takes this one's softmax;
+//! - the scores, one product per 16 elements of the head and block (keys read in place), into
+//!   tiles 0 and 1; the tile unit computes the next step's while the vector unit takes this
+//!   one's softmax;
 //! - each query's softmax step in base 2: a maximum more than [`SLACK`] above the running one
 //!   rescales what came before by `2^(old - new)` (so weights reach at most `2^SLACK`, and the
 //!   rescale, exact whenever it is done, is rare after the first steps); the weights
 //!   `2^(score - max)` ([`exp2_16`]), rounded to bf16, are a row of the weights' tile;
-//! - the step's values, copied from the two blocks into one tile per 16 elements (zeros past
-//!   the call's last position), meet the weights: the weighted values accumulate in tiles 4 and
-//!   up for the whole group, in f32.
+//! - each block's values, read in place 16 elements a tile (a block that the call's last
+//!   position cuts is copied once with zeros past it, [`Blocks`]), meet that block's weights:
+//!   the weighted values accumulate in tiles 4 and up for the whole group, in f32.
 //!
 //! Every query runs the same operations in the same order whatever group, task or call it is in
 //! (a tile row's sums depend on its own row alone, and zero weights or zero values add nothing),
@@ -42,14 +44,15 @@ const ROWS: usize = 16;
 /// rescaled: the weights then stay below `2^8`, well inside bf16 and f32.
 const SLACK: f32 = 8.0;
 
-/// The tile configuration (palette 1): all eight registers 16 rows of 64 bytes.
+/// The tile configuration (palette 1). Each product takes 16 elements or positions (8 bf16
+/// pairs), so that both of its factors are tiles of the cache's blocks as they are.
 ///
-/// | tile | holds |
-/// | --- | --- |
-/// | 0, 1 | 16 queries' scores for the two blocks of a step (f32) |
-/// | 2 | 16 queries, 32 elements, or their 32 weights of a step (bf16 pairs) |
-/// | 3 | keys: 16 pairs of elements × 16 positions; or values: 16 pairs of positions × 16 elements |
-/// | 4..8 | 16 queries' weighted values, 16 elements each (f32) |
+/// | tile | rows × bytes | holds |
+/// | --- | --- | --- |
+/// | 0, 1 | 16 × 64 | 16 queries' scores for the two blocks of a step (f32) |
+/// | 2 | 16 × 32 | 16 queries, 16 elements; or their 16 weights of a block (bf16 pairs) |
+/// | 3 | 8 × 64 | keys: 8 pairs of elements × 16 positions; or values: 8 pairs of positions × 16 elements (bf16 pairs) |
+/// | 4..8 | 16 × 64 | 16 queries' weighted values, 16 elements each (f32) |
 #[repr(C, align(64))]
 struct Config([u8; 64]);
 
@@ -58,12 +61,20 @@ const CONFIG: Config = {
     c[0] = 1;
     let mut t = 0;
     while t < 8 {
-        c[16 + 2 * t] = 64;
-        c[48 + t] = ROWS as u8;
+        let (rows, bytes) = match t {
+            2 => (ROWS, 32),
+            3 => (PAIRS, 64),
+            _ => (ROWS, 64),
+        };
+        c[16 + 2 * t] = bytes;
+        c[48 + t] = rows as u8;
         t += 1;
     }
     Config(c)
 };
+
+/// Pairs in one product's sums: 16 elements of the head, or the 16 positions of a block.
+const PAIRS: usize = BLOCK / 2;
 
 /// Whether this CPU has AMX's tiles and bf16 products and the kernel lets this process use
 /// them (asked once).
@@ -167,7 +178,7 @@ macro_rules! tile_op {
     };
 }
 
-/// One product of known factors (16 × 32 ones by 32 × 16 twos: 64 in every sum), so that a
+/// One product of known factors (16 × 16 ones by 16 × 16 twos: 32 in every sum), so that a
 /// tile unit that runs but answers wrong (a hypervisor that keeps no tile state, say) is not
 /// used. It leaves this thread configured.
 ///
@@ -177,7 +188,8 @@ unsafe fn known_answer() -> bool {
     let ones = [0x3f80_3f80u32; 16 * 16];
     let twos = [0x4000_4000u32; 16 * 16];
     let mut sums = [0f32; 16 * 16];
-    // SAFETY: the caller's promise; each buffer is 16 rows of 64 bytes.
+    // SAFETY: the caller's promise; each buffer is 16 rows of 64 bytes (tile 2 reads 16 rows of
+    // 32 of them, tile 3 8 rows of 64).
     unsafe {
         configure();
         tile_op!(zero 0);
@@ -186,7 +198,7 @@ unsafe fn known_answer() -> bool {
         tile_op!(0 += 2 * 3);
         tile_store!(0, sums.as_mut_ptr(), 64usize);
     }
-    sums.iter().all(|&x| x == 64.0)
+    sums.iter().all(|&x| x == 32.0)
 }
 
 /// Whether this kernel takes the shape: heads of 32 or 64 elements (the weighted values of 16
@@ -199,11 +211,11 @@ pub(super) fn takes(hd: usize, block_size: usize) -> bool {
 /// Runs a call on AMX.
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VL/BF16 and [`usable`] said yes; the shape is one [`takes`] and the
+/// The CPU has AVX-512 F/BW/DQ/VL/BF16 and [`usable`] said yes; the shape is one [`takes`] and the
 /// cache [`super::KvFormat::Bf16Tiles`]; the blocks of every position used lie inside both caches
 /// (checked by [`super::attend_rows`]), `c.q` holds every row's heads, `out` holds the rows'
 /// outputs.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
 pub(super) unsafe fn run(kv: &KvHead, c: &Call, out: &mut [f32]) {
     // SAFETY: forwarded.
     unsafe {
@@ -224,62 +236,95 @@ const STEP: usize = 2 * BLOCK;
 /// nothing.
 static NO_BLOCK: [u16; 64 * BLOCK] = [0; 64 * BLOCK];
 
-/// As [`run`], with `c.hd == 16 * NV`, `NV` 2 or 4: the queries in groups of 16, each group over
-/// every step below its last limit.
+/// Steps a group takes before the next group of its call takes the same ones: 1,024 positions,
+/// whose keys and values (256 KiB at heads of 64) stay in L2 from the first group to the last.
+const CHUNK: usize = 1024 / STEP;
+
+/// As [`run`], with `c.hd == 16 * NV`, `NV` 2 or 4: the queries in groups of 16; the steps in
+/// chunks of [`CHUNK`], each chunk taken by every group that reaches it before the next chunk.
+/// A call's keys and values then come from memory once, not once a group: past ~6,000
+/// positions a head's no longer stay in L2 from one group to the next. In the model's 8,192-token
+/// prefill attention took 2.30–2.35 s a pass in chunks against 2.63–2.74 s without (model 167,
+/// three passes each); at 4,096 the two were level (0.58–0.62 s).
 ///
 /// # Safety
 /// As [`run`], with this thread configured.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
 unsafe fn call<const NV: usize>(kv: &KvHead, c: &Call, out: &mut [f32]) {
     // At least one query: `attend_rows` returns early on none.
     let nq = out.len() / c.hd;
     // The call's last query sees positions below `live`: past it a slot may hold anything.
     let live = c.n_ctx0 + (nq - 1) / c.heads;
-    for i0 in (0..nq).step_by(ROWS) {
-        let mut group = Group::<NV>::new(c, i0..nq.min(i0 + ROWS));
-        // SAFETY: this thread is configured; the caller's promises.
-        unsafe { group.run(kv, c, live) };
+    let blocks = Blocks::new(kv, c.hd, live);
+    let mut groups: Vec<Group<NV>> = (0..nq)
+        .step_by(ROWS)
+        .map(|i0| Group::new(c, i0..nq.min(i0 + ROWS)))
+        .collect();
+    for from in (0..live.div_ceil(STEP)).step_by(CHUNK) {
+        for group in &mut groups {
+            let to = group.end().min(from + CHUNK);
+            if from < to {
+                // SAFETY: this thread is configured; the caller's promises.
+                unsafe { group.run(&blocks, c, from..to) };
+            }
+        }
+    }
+    for group in &groups {
         group.finish(c, out);
     }
 }
 
-/// The block of the call's positions from `16 b`: its first element in the cache, if any below
-/// `live`.
-fn block(kv: &KvHead, live: usize, b: usize) -> Option<usize> {
-    (BLOCK * b < live).then(|| kv.blocks[b] as usize * kv.block_stride)
-}
-
-/// Step `s`'s values (two blocks, 8 rows of position pairs each) into one tile of 16 rows per 16
-/// elements, zeros from `live` on.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-fn stage_values<const NV: usize>(
-    kv: &KvHead,
+/// Where a call finds each block's keys and values: the cache's blocks below `live` (the call's
+/// last limit), read in place; past it [`NO_BLOCK`]. A block that `live` cuts has its values
+/// copied once, with zeros from `live` on: a slot past it may hold anything (NaN included),
+/// and a zero weight times NaN is no zero.
+struct Blocks<'a> {
+    kv: &'a KvHead<'a>,
     hd: usize,
     live: usize,
-    s: usize,
-    tiles: &mut [[[u32; 16]; ROWS]; NV],
-) {
-    let (b0, b1) = (block(kv, live, 2 * s), block(kv, live, 2 * s + 1));
-    for p in 0..ROWS {
-        let (base, pair) = if p < ROWS / 2 {
-            (b0, p)
-        } else {
-            (b1, p - ROWS / 2)
-        };
-        let keep: __mmask32 = match (base, live.saturating_sub(STEP * s + 2 * p)) {
-            (None, _) | (_, 0) => 0,
-            (_, 1) => 0x5555_5555,
-            _ => !0,
-        };
-        let src = base.map_or(NO_BLOCK.as_ptr(), |b| kv.v[b..][..hd * BLOCK].as_ptr());
-        for (j, tile) in tiles.iter_mut().enumerate() {
-            // SAFETY: pair `pair` of a block holds `2 * hd` halves, of which the masked load
-            // reads only the kept ones (none outside a live block).
-            unsafe {
-                let row =
-                    _mm512_maskz_loadu_epi16(keep, src.add(2 * hd * pair + 32 * j) as *const i16);
-                _mm512_storeu_si512(tile[p].as_mut_ptr() as *mut _, row);
+    /// The cut block's values, zeros from `live` on (unused when `live` is a multiple of 16).
+    tail: [u16; 64 * BLOCK],
+}
+
+impl<'a> Blocks<'a> {
+    fn new(kv: &'a KvHead<'a>, hd: usize, live: usize) -> Self {
+        let mut tail = [0u16; 64 * BLOCK];
+        let (b, kept) = (live / BLOCK, live % BLOCK);
+        if kept > 0 {
+            let src = &kv.v[kv.blocks[b] as usize * kv.block_stride..][..hd * BLOCK];
+            // Position `p` of a block: half `p % 2` of each element's pair in row `p / 2`.
+            for (p, (row, from)) in tail
+                .chunks_exact_mut(2 * hd)
+                .zip(src.chunks_exact(2 * hd))
+                .enumerate()
+            {
+                for (pair, from) in row.chunks_exact_mut(2).zip(from.chunks_exact(2)) {
+                    pair[0] = if 2 * p < kept { from[0] } else { 0 };
+                    pair[1] = if 2 * p + 1 < kept { from[1] } else { 0 };
+                }
             }
+        }
+        Blocks { kv, hd, live, tail }
+    }
+
+    /// The first element of block `b`'s run in the cache, if it holds a position below `live`.
+    fn base(&self, b: usize) -> Option<usize> {
+        (BLOCK * b < self.live).then(|| self.kv.blocks[b] as usize * self.kv.block_stride)
+    }
+
+    /// Block `b`'s keys: `hd / 2` rows of 16 position pairs' worth (64 bytes), zeros past `live`.
+    fn keys(&self, b: usize) -> *const u16 {
+        self.base(b).map_or(NO_BLOCK.as_ptr(), |base| {
+            self.kv.k[base..][..self.hd * BLOCK].as_ptr()
+        })
+    }
+
+    /// Block `b`'s values: 8 rows of position pairs, `4 hd` bytes apart; zeros from `live` on.
+    fn values(&self, b: usize) -> *const u16 {
+        match self.base(b) {
+            None => NO_BLOCK.as_ptr(),
+            Some(_) if BLOCK * (b + 1) > self.live => self.tail.as_ptr(),
+            Some(base) => self.kv.v[base..][..self.hd * BLOCK].as_ptr(),
         }
     }
 }
@@ -302,7 +347,7 @@ struct Group<const NV: usize> {
 }
 
 impl<const NV: usize> Group<NV> {
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
     fn new(c: &Call, queries: std::ops::Range<usize>) -> Self {
         let (hd, i0, n) = (c.hd, queries.start, queries.len());
         let mut q = [[[0u32; 8]; NV]; ROWS];
@@ -333,37 +378,40 @@ impl<const NV: usize> Group<NV> {
         }
     }
 
-    /// Every step below the group's last limit, software-pipelined: the tile unit computes the
-    /// next step's scores while the vector unit takes this step's softmax. The keys' tiles are
-    /// the cache's blocks as they are; each step's values are staged into tiles ([`stage_values`]).
+    /// The steps the group takes: those below its last limit.
+    fn end(&self) -> usize {
+        self.limit[self.n - 1].div_ceil(STEP)
+    }
+
+    /// The group's `steps` (after those before them, none past [`Group::end`]),
+    /// software-pipelined: the tile unit computes the next step's scores while the vector unit
+    /// takes this step's softmax. The keys' and values' tiles are the cache's blocks as they are
+    /// ([`Blocks`]); the weighted values stay in tiles 4 and up from the first step to the last,
+    /// and wait in `o` between runs (exactly: f32 out, f32 back).
     ///
     /// # Safety
     /// This thread is configured; the cache is [`super::KvFormat::Bf16Tiles`] and holds the
-    /// blocks of the positions below `live` (the call's last limit); `c.hd == 16 * NV`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-    unsafe fn run(&mut self, kv: &KvHead, c: &Call, live: usize) {
+    /// blocks of the positions below `blocks.live` (the call's last limit); `c.hd == 16 * NV`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
+    unsafe fn run(&mut self, blocks: &Blocks, c: &Call, steps: std::ops::Range<usize>) {
         let (hd, n) = (c.hd, self.n);
         let mut scores = [[[[0f32; BLOCK]; ROWS]; 2]; 2];
         let mut weights = [[0u32; BLOCK]; ROWS];
-        let mut values = [[[0u32; 16]; ROWS]; NV];
+        let mut alphas = [_mm512_setzero_ps(); ROWS];
         let q = self.q.as_ptr().cast::<u8>();
-        let keys = |b: usize| match block(kv, live, b) {
-            Some(base) => kv.k[base..][..hd * BLOCK].as_ptr(),
-            None => NO_BLOCK.as_ptr(),
-        };
         // Step `s`'s scores into tiles 0 and 1 (issued; the tile unit runs them on its own).
         let issue_scores = |s: usize| {
-            let (k0, k1) = (keys(2 * s), keys(2 * s + 1));
+            let (k0, k1) = (blocks.keys(2 * s), blocks.keys(2 * s + 1));
             // SAFETY: configured (caller's promise); `q` holds 16 rows of `hd * 2` bytes; each
-            // key block `hd * 16` halves, the tiles of its 32-element chunks in a run.
+            // key block `hd * 16` halves, the tiles of its 16-element chunks in a run.
             unsafe {
                 tile_op!(zero 0);
                 tile_op!(zero 1);
-                for chunk in 0..NV / 2 {
-                    tile_load!(2, q.add(64 * chunk), hd * 2);
-                    tile_load!(3, k0.add(16 * 32 * chunk), 64usize);
+                for chunk in 0..NV {
+                    tile_load!(2, q.add(32 * chunk), hd * 2);
+                    tile_load!(3, k0.add(PAIRS * 32 * chunk), 64usize);
                     tile_op!(0 += 2 * 3);
-                    tile_load!(3, k1.add(16 * 32 * chunk), 64usize);
+                    tile_load!(3, k1.add(PAIRS * 32 * chunk), 64usize);
                     tile_op!(1 += 2 * 3);
                 }
             }
@@ -375,20 +423,26 @@ impl<const NV: usize> Group<NV> {
                 tile_store!(1, into[1].as_mut_ptr(), 64usize);
             }
         };
-        for j in 0..NV {
-            // SAFETY: configured.
-            unsafe { o_tile(j, Op::Zero) };
+        for (j, oj) in self.o.iter().enumerate() {
+            // SAFETY: configured; `oj` holds 16 rows of 64 bytes.
+            unsafe {
+                match steps.start {
+                    0 => o_tile(j, Op::Zero),
+                    _ => o_tile(j, Op::Load(oj.as_ptr().cast())),
+                }
+            }
         }
-        let end = self.limit[n - 1].div_ceil(STEP);
-        issue_scores(0);
-        store_scores(&mut scores[0]);
-        for s in 0..end {
+        let end = steps.end;
+        issue_scores(steps.start);
+        store_scores(&mut scores[steps.start % 2]);
+        for s in steps {
             if s + 1 < end {
                 issue_scores(s + 1);
             }
-            stage_values::<NV>(kv, hd, live, s, &mut values);
             let sc = &scores[s % 2];
-            let mut rescale = [None; ROWS];
+            // The queries whose maximum rose past the slack this step (bit `k`), and by what
+            // factor their weighted values shrink.
+            let mut rescaled = 0u32;
             for k in 0..n {
                 let live = self.limit[k].saturating_sub(STEP * s);
                 let (w, alpha) = softmax_step(
@@ -400,17 +454,20 @@ impl<const NV: usize> Group<NV> {
                 );
                 // SAFETY: 64 bytes each.
                 unsafe { _mm512_storeu_si512(weights[k].as_mut_ptr() as *mut _, w) };
-                rescale[k] = alpha;
+                if let Some(alpha) = alpha {
+                    alphas[k] = alpha;
+                    rescaled |= 1 << k;
+                }
             }
             // Nothing accumulated before the first step: its rescale has nothing to scale.
-            if s > 0 && rescale.iter().any(Option::is_some) {
+            if s > 0 && rescaled != 0 {
                 for (j, oj) in self.o.iter_mut().enumerate() {
                     // SAFETY: configured; `oj` holds 16 rows of 64 bytes.
                     unsafe {
                         o_tile(j, Op::Store(oj.as_mut_ptr().cast()));
-                        for (row, alpha) in oj.iter_mut().zip(&rescale) {
-                            if let Some(alpha) = alpha {
-                                let v = _mm512_mul_ps(_mm512_loadu_ps(row.as_ptr()), *alpha);
+                        for (k, row) in oj.iter_mut().enumerate() {
+                            if rescaled & 1 << k != 0 {
+                                let v = _mm512_mul_ps(_mm512_loadu_ps(row.as_ptr()), alphas[k]);
                                 _mm512_storeu_ps(row.as_mut_ptr(), v);
                             }
                         }
@@ -418,12 +475,18 @@ impl<const NV: usize> Group<NV> {
                     }
                 }
             }
-            // SAFETY: configured; `weights` and each of `values` are 16 rows of 64 bytes.
-            unsafe {
-                tile_load!(2, weights.as_ptr(), 64usize);
-                for (j, tile) in values.iter().enumerate() {
-                    tile_load!(3, tile.as_ptr(), 64usize);
-                    o_tile(j, Op::Accumulate);
+            // Each block's weights (half a row of `weights`) by its values, 16 elements a tile.
+            for half in 0..2 {
+                let v = blocks.values(2 * s + half);
+                // SAFETY: configured; `weights` holds 16 rows of 64 bytes, of which tile 2 reads
+                // 32 from `32 * half`; a block's values are 8 rows of `4 hd` bytes, of which tile
+                // 3 reads 64 from `64 j`.
+                unsafe {
+                    tile_load!(2, weights.as_ptr().cast::<u8>().add(32 * half), 64usize);
+                    for j in 0..NV {
+                        tile_load!(3, v.add(32 * j), hd * 4);
+                        o_tile(j, Op::Accumulate);
+                    }
                 }
             }
             if s + 1 < end {
@@ -437,7 +500,7 @@ impl<const NV: usize> Group<NV> {
     }
 
     /// Each query's weighted values over its sum of weights, into the call's output.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
     fn finish(&self, c: &Call, out: &mut [f32]) {
         for k in 0..self.n {
             let total = _mm512_set1_ps(_mm512_reduce_add_ps(self.sum[k]));
@@ -458,7 +521,7 @@ impl<const NV: usize> Group<NV> {
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BF16; `src.len() == dst.len()`, a multiple of 16.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
 pub(super) unsafe fn to_bf16(src: &[f32], dst: &mut [u16]) {
     for (s, d) in src.chunks_exact(16).zip(dst.chunks_exact_mut(16)) {
         // SAFETY: 16 floats in, 32 bytes out.
@@ -512,7 +575,7 @@ unsafe fn o_tile(j: usize, op: Op) {
 /// limit): a maximum more than [`SLACK`] above the running one rescales the running sum, and
 /// comes back as the factor for the weighted values; the weights `2^(score - max)`, 0 past the
 /// limit, go into the running sum and come back as 32 bf16.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
 #[inline]
 fn softmax_step(
     max: &mut f32,
@@ -528,15 +591,15 @@ fn softmax_step(
             v
         } else {
             let keep = ((1u32 << live) - 1) as __mmask16;
-            _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), keep, v)
+            _mm512_mask_mov_ps(_mm512_set1_ps(MASKED), keep, v)
         }
     };
     let s0 = masked(s0, live);
     let s1 = masked(s1, live.saturating_sub(BLOCK));
     let mut alpha = None;
-    let bar = _mm512_set1_ps(*max + SLACK);
-    if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s0, bar) | _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s1, bar) != 0 {
-        let m = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+    let top = _mm512_max_ps(s0, s1);
+    if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(top, _mm512_set1_ps(*max + SLACK)) != 0 {
+        let m = _mm512_reduce_max_ps(top);
         let a = _mm512_set1_ps((*max - m).exp2());
         *max = m;
         *sum = _mm512_mul_ps(*sum, a);
@@ -549,38 +612,35 @@ fn softmax_step(
     (bits(_mm512_cvtne2ps_pbh(e1, e0)), alpha)
 }
 
-/// `2^x` of 16 lanes for `x <= SLACK` (a softmax weight), within 5e-6 relative: `2^n`
-/// (`vscalefps`) times `2^f`, `|f| <= 1/2`, by its Taylor polynomial of degree 5. Below -150
-/// the result is exactly 0 (a masked lane, -inf, included). Ten instructions; the weights are
-/// rounded to bf16 (2^-9) anyway.
-#[target_feature(enable = "avx512f")]
+/// A score past a query's limit: its weight `2^(MASKED - max)` is exactly 0, and unlike -inf it
+/// keeps [`exp2_16`]'s arithmetic finite. (Every query sees position 0, so its maximum is a real
+/// score from its first step on.)
+pub(super) const MASKED: f32 = -1e30;
+
+/// `2^x` of 16 lanes for finite `x <= SLACK` (a softmax weight), within 1e-4 relative, 20 times
+/// below the weights' rounding to bf16 (2^-9): `2^floor(x)` (`vscalefps`) times `2^f`, `0 <= f <
+/// 1`, by its interpolant of degree 3 at the Chebyshev nodes. Below -150 (a [`MASKED`] lane
+/// included) the result is exactly 0. Five instructions.
+#[target_feature(enable = "avx512f,avx512dq")]
 #[inline]
 fn exp2_16(x: __m512) -> __m512 {
-    /// `ln(2)^k / k!`, `k = 5` down to 1.
-    const C: [f32; 5] = [
-        1.333_355_8e-3,
-        9.618_129e-3,
-        5.550_411e-2,
-        2.402_265e-1,
-        6.931_472e-1,
-    ];
-    let x = _mm512_max_ps(x, _mm512_set1_ps(-150.0));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-    let f = _mm512_sub_ps(x, n);
+    /// The interpolant's coefficients, `f^3` down to `f^0`.
+    const C: [f32; 4] = [7.896_726e-2, 2.246_931_6e-1, 6.963_247_7e-1, 9.999_003e-1];
+    // f = x - floor(x), in [0, 1); `vscalefps` takes floor(x) itself.
+    let f = _mm512_reduce_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(x);
     let mut p = _mm512_set1_ps(C[0]);
     for &c in &C[1..] {
         p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
     }
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0));
-    _mm512_scalef_ps(p, n)
+    _mm512_scalef_ps(p, x)
 }
 
 /// [`exp2_16`] of 16 values, for tests.
 ///
 /// # Safety
-/// The CPU has AVX-512 F.
+/// The CPU has AVX-512 F and DQ.
 #[cfg(test)]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512dq")]
 pub(super) unsafe fn exp2_16_for_test(x: &[f32; 16]) -> [f32; 16] {
     let mut out = [0f32; 16];
     // SAFETY: 16 floats each.

@@ -301,7 +301,9 @@ impl SimdLevel {
             SimdLevel::Avx512 => avx512,
             SimdLevel::Avx512Vnni => avx512 && has!("avx512vnni"),
             SimdLevel::Avx512Bf16 => avx512 && has!("avx512vnni") && has!("avx512bf16"),
-            SimdLevel::Amx => SimdLevel::Avx512Bf16.runs_here() && flash_amx::usable(),
+            SimdLevel::Amx => {
+                SimdLevel::Avx512Bf16.runs_here() && has!("avx512dq") && flash_amx::usable()
+            }
         }
     }
 

@@ -253,12 +253,12 @@ fn softmax_exp_is_within_two_ulps<const N: usize>(what: &str, exp: impl Fn(&[f32
     assert!(got.iter().all(|&g| g.to_bits() == 0), "{what}: {got:?}");
 }
 
-/// The AMX kernel's base-2 softmax weight within 5e-6 relative of `f64::exp2` over [-126, 8]
-/// (a weight of a normal float up to the lazy rescale's `2^8`), and exactly 0 for -inf and below
+/// The AMX kernel's base-2 softmax weight within 1e-4 relative of `f64::exp2` over [-126, 8]
+/// (a weight of a normal float up to the lazy rescale's `2^8`), and exactly 0 for a masked lane and below
 /// -150.
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn amx_softmax_exp2_is_within_5e_6() {
+fn amx_softmax_exp2_is_within_1e_4() {
     if SimdLevel::Amx.clamp() != SimdLevel::Amx {
         return;
     }
@@ -270,16 +270,16 @@ fn amx_softmax_exp2_is_within_5e_6() {
     for c in xs.chunks(16) {
         let mut x = [0f32; 16];
         x[..c.len()].copy_from_slice(c);
-        // SAFETY: AVX-512 F is present (the AMX level runs here).
+        // SAFETY: AVX-512 F and DQ are present (the AMX level runs here).
         let got = unsafe { flash_amx::exp2_16_for_test(&x) };
         for (&x, g) in x.iter().zip(got) {
             let want = (x as f64).exp2();
             worst = worst.max((g as f64 - want).abs() / want);
         }
     }
-    assert!(worst < 5e-6, "amx exp2: {worst:e} relative");
+    assert!(worst < 1e-4, "amx exp2: {worst:e} relative");
     let mut x = [-150.5f32; 16];
-    x[0] = f32::NEG_INFINITY;
+    x[0] = flash_amx::MASKED;
     x[1] = -1e4;
     // SAFETY: as above.
     let got = unsafe { flash_amx::exp2_16_for_test(&x) };
