@@ -443,15 +443,13 @@ impl<const NV: usize> Group<NV> {
             // The queries whose maximum rose past the slack this step (bit `k`), and by what
             // factor their weighted values shrink.
             let mut rescaled = 0u32;
-            for k in 0..n {
-                let live = self.limit[k].saturating_sub(STEP * s);
-                let (w, alpha) = softmax_step(
-                    &mut self.max[k],
-                    &mut self.sum[k],
-                    &sc[0][k],
-                    &sc[1][k],
-                    live,
-                );
+            // Limits rise with `k`: when the first query sees the whole step, all do, and none
+            // needs a mask (most steps of a long prompt).
+            let whole = self.limit[0] >= STEP * (s + 1);
+            let rows = self.max.iter_mut().zip(&mut self.sum).zip(&self.limit);
+            for (k, ((max, sum), &limit)) in rows.enumerate().take(n) {
+                let live = (!whole).then(|| limit.saturating_sub(STEP * s));
+                let (w, alpha) = softmax_step(max, sum, &sc[0][k], &sc[1][k], live);
                 // SAFETY: 64 bytes each.
                 unsafe { _mm512_storeu_si512(weights[k].as_mut_ptr() as *mut _, w) };
                 if let Some(alpha) = alpha {
@@ -571,8 +569,8 @@ unsafe fn o_tile(j: usize, op: Op) {
     }
 }
 
-/// A query's softmax step over 32 positions (its scores in base 2; lanes from `live` on past its
-/// limit): a maximum more than [`SLACK`] above the running one rescales the running sum, and
+/// A query's softmax step over 32 positions (its scores in base 2; with `live`, lanes from it on
+/// past its limit): a maximum more than [`SLACK`] above the running one rescales the running sum, and
 /// comes back as the factor for the weighted values; the weights `2^(score - max)`, 0 past the
 /// limit, go into the running sum and come back as 32 bf16.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
@@ -582,20 +580,21 @@ fn softmax_step(
     sum: &mut __m512,
     s0: &[f32; BLOCK],
     s1: &[f32; BLOCK],
-    live: usize,
+    live: Option<usize>,
 ) -> (__m512i, Option<__m512>) {
-    let masked = |s: &[f32; BLOCK], live: usize| {
+    let masked = |s: &[f32; BLOCK], live: Option<usize>| {
         // SAFETY: 16 floats.
         let v = unsafe { _mm512_loadu_ps(s.as_ptr()) };
-        if live >= BLOCK {
-            v
-        } else {
-            let keep = ((1u32 << live) - 1) as __mmask16;
-            _mm512_mask_mov_ps(_mm512_set1_ps(MASKED), keep, v)
+        match live {
+            Some(live) if live < BLOCK => {
+                let keep = ((1u32 << live) - 1) as __mmask16;
+                _mm512_mask_mov_ps(_mm512_set1_ps(MASKED), keep, v)
+            }
+            _ => v,
         }
     };
     let s0 = masked(s0, live);
-    let s1 = masked(s1, live.saturating_sub(BLOCK));
+    let s1 = masked(s1, live.map(|l| l.saturating_sub(BLOCK)));
     let mut alpha = None;
     let top = _mm512_max_ps(s0, s1);
     if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(top, _mm512_set1_ps(*max + SLACK)) != 0 {
