@@ -312,7 +312,9 @@ impl<'a> Blocks<'a> {
         (BLOCK * b < self.live).then(|| self.kv.blocks[b] as usize * self.kv.block_stride)
     }
 
-    /// Block `b`'s keys: `hd / 2` rows of 16 position pairs' worth (64 bytes), zeros past `live`.
+    /// Block `b`'s keys: `hd / 2` rows of element pairs × 16 positions (64 bytes); zeros for a
+    /// block wholly past `live` (a cut block's slots past it may hold anything: the softmax masks
+    /// their scores).
     fn keys(&self, b: usize) -> *const u16 {
         self.base(b).map_or(NO_BLOCK.as_ptr(), |base| {
             self.kv.k[base..][..self.hd * BLOCK].as_ptr()
