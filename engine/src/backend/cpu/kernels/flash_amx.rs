@@ -255,7 +255,7 @@ unsafe fn call<const NV: usize>(kv: &KvHead, c: &Call, out: &mut [f32]) {
     let nq = out.len() / c.hd;
     // The call's last query sees positions below `live`: past it a slot may hold anything.
     let live = c.n_ctx0 + (nq - 1) / c.heads;
-    let blocks = Blocks::new(kv, c.hd, live);
+    let blocks = Blocks::new(kv, live);
     let mut groups: Vec<Group<NV>> = (0..nq)
         .step_by(ROWS)
         .map(|i0| Group::new(c, i0..nq.min(i0 + ROWS)))
@@ -280,14 +280,14 @@ unsafe fn call<const NV: usize>(kv: &KvHead, c: &Call, out: &mut [f32]) {
 /// and a zero weight times NaN is no zero.
 struct Blocks<'a> {
     kv: &'a KvHead<'a>,
-    hd: usize,
     live: usize,
     /// The cut block's values, zeros from `live` on (unused when `live` is a multiple of 16).
     tail: [u16; 64 * BLOCK],
 }
 
 impl<'a> Blocks<'a> {
-    fn new(kv: &'a KvHead<'a>, hd: usize, live: usize) -> Self {
+    fn new(kv: &'a KvHead<'a>, live: usize) -> Self {
+        let hd = kv.head_dim;
         let mut tail = [0u16; 64 * BLOCK];
         let (b, kept) = (live / BLOCK, live % BLOCK);
         if kept > 0 {
@@ -304,7 +304,7 @@ impl<'a> Blocks<'a> {
                 }
             }
         }
-        Blocks { kv, hd, live, tail }
+        Blocks { kv, live, tail }
     }
 
     /// The first element of block `b`'s run in the cache, if it holds a position below `live`.
@@ -317,7 +317,7 @@ impl<'a> Blocks<'a> {
     /// their scores).
     fn keys(&self, b: usize) -> *const u16 {
         self.base(b).map_or(NO_BLOCK.as_ptr(), |base| {
-            self.kv.k[base..][..self.hd * BLOCK].as_ptr()
+            self.kv.k[base..][..self.kv.head_dim * BLOCK].as_ptr()
         })
     }
 
@@ -326,7 +326,7 @@ impl<'a> Blocks<'a> {
         match self.base(b) {
             None => NO_BLOCK.as_ptr(),
             Some(_) if BLOCK * (b + 1) > self.live => self.tail.as_ptr(),
-            Some(base) => self.kv.v[base..][..self.hd * BLOCK].as_ptr(),
+            Some(base) => self.kv.v[base..][..self.kv.head_dim * BLOCK].as_ptr(),
         }
     }
 }
@@ -521,7 +521,7 @@ impl<const NV: usize> Group<NV> {
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BF16; `src.len() == dst.len()`, a multiple of 16.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub(super) unsafe fn to_bf16(src: &[f32], dst: &mut [u16]) {
     for (s, d) in src.chunks_exact(16).zip(dst.chunks_exact_mut(16)) {
         // SAFETY: 16 floats in, 32 bytes out.
@@ -572,9 +572,9 @@ unsafe fn o_tile(j: usize, op: Op) {
 }
 
 /// A query's softmax step over 32 positions (its scores in base 2; with `live`, lanes from it on
-/// past its limit): a maximum more than [`SLACK`] above the running one rescales the running sum, and
-/// comes back as the factor for the weighted values; the weights `2^(score - max)`, 0 past the
-/// limit, go into the running sum and come back as 32 bf16.
+/// past its limit): a maximum more than [`SLACK`] above the running one rescales the running
+/// sum, and comes back as the factor for the weighted values; the weights `2^(score - max)`, 0
+/// past the limit, go into the running sum and come back as 32 bf16.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
 #[inline]
 fn softmax_step(
