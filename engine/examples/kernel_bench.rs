@@ -5,14 +5,15 @@
 //! instruction set). Prints µs per call and GMAC/s for each shape whose name contains FILTER at
 //! each m (best of many batches) and estimates the matmuls of a whole step per m; then, unless
 //! FILTER names none of them, one layer's batch-8 decode attention, one KV head's prefill
-//! attention at 512, 4,096 and 8,192 positions (`KB_POSITIONS=N,N,...` for others), and a fused
-//! decode layer.
+//! attention at 512, 4,096 and 8,192 positions (`KB_POSITIONS=N,N,...` for others; its blocks
+//! one after the other as the cache lays out a sequence's run, or `KB_SPREAD=N` elements apart),
+//! and a fused decode layer.
 
 use std::time::{Duration, Instant};
 
 use sluice_engine::backend::cpu::kernels::{
-    attend_rows, axpy, dot_f32, matmul, matmul_multi, simd_level, KvFormat, KvHead, LaneMatrix,
-    QMatrix,
+    attend_rows, axpy, dot_f32, matmul, matmul_multi, simd_level, HugeBuf, KvFormat, KvHead,
+    LaneMatrix, QMatrix,
 };
 use sluice_engine::backend::cpu::pool::ThreadPool;
 use sluice_engine::dtype::GgmlType;
@@ -220,20 +221,37 @@ fn main() {
 /// (30 layers, 3 KV heads, 2 threads).
 fn prefill_attention_bench(budget: Duration, ns: &[usize]) {
     let (group, hd, bs) = (3, 64, 16);
+    // KB_SPREAD=N: blocks N elements apart (the pool's block-major layout puts a head's blocks
+    // 2 · 30 · 3 · 16 · 64 = 184,320 apart), in huge pages as the pool's.
+    let spread: usize = std::env::var("KB_SPREAD")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(bs * hd);
     for &n in ns {
         let blocks: Vec<u32> = (0..n.div_ceil(bs) as u32).collect();
-        let kb: Vec<u16> = (0..blocks.len() * bs * hd)
-            .map(|i| half::f16::from_f32(((i * 7919) % 2001) as f32 / 1000.0 - 1.0).to_bits())
-            .collect();
-        let vb: Vec<u16> = kb.iter().rev().copied().collect();
+        let mut kh = HugeBuf::<u16>::zeroed(blocks.len() * spread).expect("mapped");
+        let mut vh = HugeBuf::<u16>::zeroed(blocks.len() * spread).expect("mapped");
+        for (b, (kc, vc)) in kh
+            .as_mut_slice()
+            .chunks_exact_mut(spread)
+            .zip(vh.as_mut_slice().chunks_exact_mut(spread))
+            .enumerate()
+        {
+            for i in 0..bs * hd {
+                let j = b * bs * hd + i;
+                kc[i] = half::f16::from_f32(((j * 7919) % 2001) as f32 / 1000.0 - 1.0).to_bits();
+                vc[i] = half::f16::from_f32(((j * 7717) % 2001) as f32 / 1000.0 - 1.0).to_bits();
+            }
+        }
+        let (kb, vb) = (kh.as_slice(), vh.as_slice());
         let q: Vec<f32> = (0..n * group * hd)
             .map(|i| ((i * 31) % 200) as f32 / 100.0 - 1.0)
             .collect();
         let kv = KvHead {
-            k: &kb,
-            v: &vb,
+            k: kb,
+            v: vb,
             head_dim: hd,
-            block_stride: bs * hd,
+            block_stride: spread,
             blocks: &blocks,
             block_size: bs,
             // The bits stand for keys and values in whichever format: timing, not answers.

@@ -2,7 +2,10 @@
 
 use crate::error::{Error, Result};
 
-/// Hands out KV block ids `0..n_blocks`; a freed block goes back to the end of the free queue.
+/// Hands out KV block ids `0..n_blocks`, each allocation in ascending order: from a fresh pool
+/// the lowest first, one after the other; freed blocks are the first handed out again, in the
+/// order they were freed in. So a sequence's blocks mostly come in runs of consecutive ids, which
+/// the CPU backend's cache lays out one after the other for each head (`CpuKv`).
 #[derive(Debug, Clone)]
 pub struct BlockPool {
     free: Vec<u32>,
@@ -34,12 +37,16 @@ impl BlockPool {
             });
         }
         let at = self.free.len() - n;
-        Ok(self.free.split_off(at))
+        let mut taken = self.free.split_off(at);
+        // The free list's top is its end.
+        taken.reverse();
+        Ok(taken)
     }
 
-    /// Returns blocks to the pool.
+    /// Returns blocks to the pool; the next allocation takes the first of them first.
     pub fn release(&mut self, blocks: impl IntoIterator<Item = u32>) {
-        for b in blocks {
+        let blocks: Vec<u32> = blocks.into_iter().collect();
+        for b in blocks.into_iter().rev() {
             debug_assert!(
                 (b as usize) < self.n_blocks && !self.free.contains(&b),
                 "double free of block {b}"
@@ -69,5 +76,16 @@ mod tests {
         let mut all = pool.allocate(4).unwrap();
         all.sort_unstable();
         assert_eq!(all, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn hands_out_ascending_runs() {
+        let mut pool = BlockPool::new(8);
+        assert_eq!(pool.allocate(3).unwrap(), vec![0, 1, 2]);
+        let b = pool.allocate(2).unwrap();
+        assert_eq!(b, vec![3, 4]);
+        pool.release(b);
+        assert_eq!(pool.allocate(1).unwrap(), vec![3], "the freed run first");
+        assert_eq!(pool.allocate(3).unwrap(), vec![4, 5, 6]);
     }
 }

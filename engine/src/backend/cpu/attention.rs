@@ -184,8 +184,13 @@ mod tests {
 
     /// A one-layer KV cache of `n_blocks` blocks, as the backend lays it out and stores it.
     fn cache(shape: AttnShape, n_blocks: usize) -> CpuKv {
+        layers(shape, 1, n_blocks)
+    }
+
+    /// A KV cache of `n_layers` layers of `n_blocks` blocks.
+    fn layers(shape: AttnShape, n_layers: usize, n_blocks: usize) -> CpuKv {
         let spec = KvSpec {
-            n_layers: 1,
+            n_layers,
             n_blocks,
             kv_dim: shape.n_kv_heads * shape.head_dim,
         };
@@ -256,6 +261,52 @@ mod tests {
             );
             for (a, b) in one.iter().zip(&want[(n - 1) * 32..]) {
                 assert!((a - b).abs() < 1e-5);
+            }
+        }
+    }
+
+    /// Every layer, head and block has its own place: after all three layers are stored (their
+    /// blocks out of order, the last one the pool's last), each layer attends to its own keys and
+    /// values.
+    #[test]
+    fn layers_heads_and_blocks_keep_their_own_places() {
+        let shape = AttnShape {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 32,
+        };
+        let (n, n_layers, kv_dim, q_width) = (40, 3, 64, 128);
+        let mut rng = Rng::new(23);
+        let mut rnd = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.next_f32() - 0.5).collect() };
+        let blocks = [4u32, 0, 6];
+        let mut cache = layers(shape, n_layers, 7);
+        let seq = SeqRows {
+            start: 0,
+            len: n,
+            pos: 0,
+            blocks: &blocks,
+        };
+        let data: Vec<(Vec<f32>, Vec<f32>)> = (0..n_layers)
+            .map(|_| (f16_exact(rnd(n * kv_dim)), f16_exact(rnd(n * kv_dim))))
+            .collect();
+        for (layer, (k, v)) in data.iter().enumerate() {
+            cache.store(layer, shape.head_dim, &[seq], k, v);
+        }
+        let q = rnd(n * q_width);
+        let pool = ThreadPool::new(2);
+        for (layer, (k, v)) in data.iter().enumerate() {
+            let want = reference(shape, n, &q, k, v);
+            let mut out = vec![0.0; n * q_width];
+            attend(
+                &pool,
+                shape,
+                &[seq],
+                &q,
+                cache.layer(layer, shape.head_dim),
+                &mut out,
+            );
+            for (a, b) in out.iter().zip(&want) {
+                assert!((a - b).abs() < 2e-3, "layer {layer}: {a} vs {b}");
             }
         }
     }

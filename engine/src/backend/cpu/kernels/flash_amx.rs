@@ -240,6 +240,9 @@ static NO_BLOCK: [u16; 64 * BLOCK] = [0; 64 * BLOCK];
 /// whose keys and values (256 KiB at heads of 64) stay in L2 from the first group to the last.
 const CHUNK: usize = 1024 / STEP;
 
+/// Groups that share a call's chunks: a prefill task's 16 rows × 3 query heads a KV head.
+const GROUPS: usize = 3;
+
 /// As [`run`], with `c.hd == 16 * NV`, `NV` 2 or 4: the queries in groups of 16; the steps in
 /// chunks of [`CHUNK`], each chunk taken by every group that reaches it before the next chunk.
 /// A call's keys and values then come from memory once, not once a group: past ~6,000
@@ -256,21 +259,27 @@ unsafe fn call<const NV: usize>(kv: &KvHead, c: &Call, out: &mut [f32]) {
     // The call's last query sees positions below `live`: past it a slot may hold anything.
     let live = c.n_ctx0 + (nq - 1) / c.heads;
     let blocks = Blocks::new(kv, live);
-    let mut groups: Vec<Group<NV>> = (0..nq)
-        .step_by(ROWS)
-        .map(|i0| Group::new(c, i0..nq.min(i0 + ROWS)))
-        .collect();
-    for from in (0..live.div_ceil(STEP)).step_by(CHUNK) {
-        for group in &mut groups {
-            let to = group.end().min(from + CHUNK);
-            if from < to {
-                // SAFETY: this thread is configured; the caller's promises.
-                unsafe { group.run(&blocks, c, from..to) };
+    // The groups go [`GROUPS`] at a time (all of a prefill task's), on the stack.
+    for g0 in (0..nq).step_by(ROWS * GROUPS) {
+        let mut groups: [Option<Group<NV>>; GROUPS] = std::array::from_fn(|_| None);
+        for (g, slot) in groups.iter_mut().enumerate() {
+            let i0 = g0 + g * ROWS;
+            if i0 < nq {
+                *slot = Some(Group::new(c, i0..nq.min(i0 + ROWS)));
             }
         }
-    }
-    for group in &groups {
-        group.finish(c, out);
+        for from in (0..live.div_ceil(STEP)).step_by(CHUNK) {
+            for group in groups.iter_mut().flatten() {
+                let to = group.end().min(from + CHUNK);
+                if from < to {
+                    // SAFETY: this thread is configured; the caller's promises.
+                    unsafe { group.run(&blocks, c, from..to) };
+                }
+            }
+        }
+        for group in groups.iter().flatten() {
+            group.finish(c, out);
+        }
     }
 }
 
@@ -343,6 +352,9 @@ struct Group<const NV: usize> {
     /// The positions each query sees: below `limit[k]`.
     limit: [usize; ROWS],
     max: [f32; ROWS],
+    /// `max + SLACK`: a score above it rescales (kept apart, so that the comparison reads it as
+    /// it is).
+    over: [f32; ROWS],
     sum: [__m512; ROWS],
     /// The weighted values at the end, per 16 elements a tile's rows.
     o: [[[f32; 16]; ROWS]; NV],
@@ -374,7 +386,8 @@ impl<const NV: usize> Group<NV> {
             // Query `i` is head `i % heads` of row `i / heads`, which sees positions below
             // `n_ctx0 + i / heads`.
             limit: std::array::from_fn(|k| c.n_ctx0 + (i0 + k) / c.heads),
-            max: [f32::NEG_INFINITY; ROWS],
+            max: [MASKED; ROWS],
+            over: [MASKED + SLACK; ROWS],
             sum: [_mm512_setzero_ps(); ROWS],
             o: [[[0f32; 16]; ROWS]; NV],
         }
@@ -396,7 +409,7 @@ impl<const NV: usize> Group<NV> {
     /// blocks of the positions below `blocks.live` (the call's last limit); `c.hd == 16 * NV`.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
     unsafe fn run(&mut self, blocks: &Blocks, c: &Call, steps: std::ops::Range<usize>) {
-        let (hd, n) = (c.hd, self.n);
+        let hd = c.hd;
         let mut scores = [[[[0f32; BLOCK]; ROWS]; 2]; 2];
         let mut weights = [[0u32; BLOCK]; ROWS];
         let mut alphas = [_mm512_setzero_ps(); ROWS];
@@ -442,23 +455,13 @@ impl<const NV: usize> Group<NV> {
                 issue_scores(s + 1);
             }
             let sc = &scores[s % 2];
-            // The queries whose maximum rose past the slack this step (bit `k`), and by what
-            // factor their weighted values shrink.
-            let mut rescaled = 0u32;
             // Limits rise with `k`: when the first query sees the whole step, all do, and none
             // needs a mask (most steps of a long prompt).
-            let whole = self.limit[0] >= STEP * (s + 1);
-            let rows = self.max.iter_mut().zip(&mut self.sum).zip(&self.limit);
-            for (k, ((max, sum), &limit)) in rows.enumerate().take(n) {
-                let live = (!whole).then(|| limit.saturating_sub(STEP * s));
-                let (w, alpha) = softmax_step(max, sum, &sc[0][k], &sc[1][k], live);
-                // SAFETY: 64 bytes each.
-                unsafe { _mm512_storeu_si512(weights[k].as_mut_ptr() as *mut _, w) };
-                if let Some(alpha) = alpha {
-                    alphas[k] = alpha;
-                    rescaled |= 1 << k;
-                }
-            }
+            let rescaled = if self.limit[0] >= STEP * (s + 1) {
+                self.softmax::<false>(sc, s, &mut weights, &mut alphas)
+            } else {
+                self.softmax::<true>(sc, s, &mut weights, &mut alphas)
+            };
             // Nothing accumulated before the first step: its rescale has nothing to scale.
             if s > 0 && rescaled != 0 {
                 for (j, oj) in self.o.iter_mut().enumerate() {
@@ -497,6 +500,45 @@ impl<const NV: usize> Group<NV> {
             // SAFETY: configured; `oj` holds 16 rows of 64 bytes.
             unsafe { o_tile(j, Op::Store(oj.as_mut_ptr().cast())) };
         }
+    }
+
+    /// Step `s`'s softmax for each query of the group (its scores `sc`; with `MASKS`, lanes past
+    /// a query's limit masked): the weights into `weights`, and the queries whose maximum rose
+    /// past the slack (bit `k`), with their factors in `alphas`. One loop a case, so that the
+    /// common one (every query sees the whole step) carries no mask arithmetic.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
+    #[inline]
+    fn softmax<const MASKS: bool>(
+        &mut self,
+        sc: &[[[f32; BLOCK]; ROWS]; 2],
+        s: usize,
+        weights: &mut [[u32; BLOCK]; ROWS],
+        alphas: &mut [__m512; ROWS],
+    ) -> u32 {
+        let mut rescaled = 0u32;
+        let running = self.max.iter_mut().zip(&mut self.over).zip(&mut self.sum);
+        for (k, (((max, over), sum), &limit)) in running.zip(&self.limit).enumerate().take(self.n) {
+            // SAFETY: 16 floats each.
+            let (mut s0, mut s1) = unsafe {
+                (
+                    _mm512_loadu_ps(sc[0][k].as_ptr()),
+                    _mm512_loadu_ps(sc[1][k].as_ptr()),
+                )
+            };
+            if MASKS {
+                let live = limit.saturating_sub(STEP * s);
+                s0 = masked(s0, live);
+                s1 = masked(s1, live.saturating_sub(BLOCK));
+            }
+            let (w, alpha) = softmax_step(max, over, sum, s0, s1);
+            // SAFETY: 64 bytes each.
+            unsafe { _mm512_storeu_si512(weights[k].as_mut_ptr() as *mut _, w) };
+            if let Some(alpha) = alpha {
+                alphas[k] = alpha;
+                rescaled |= 1 << k;
+            }
+        }
+        rescaled
     }
 
     /// Each query's weighted values over its sum of weights, into the call's output.
@@ -571,38 +613,36 @@ unsafe fn o_tile(j: usize, op: Op) {
     }
 }
 
-/// A query's softmax step over 32 positions (its scores in base 2; with `live`, lanes from it on
-/// past its limit): a maximum more than [`SLACK`] above the running one rescales the running
-/// sum, and comes back as the factor for the weighted values; the weights `2^(score - max)`, 0
-/// past the limit, go into the running sum and come back as 32 bf16.
+/// Scores `v` of a block with lanes from `live` on [`MASKED`] (none when `live >= 16`).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn masked(v: __m512, live: usize) -> __m512 {
+    let keep = ((1u32 << live.min(BLOCK)) - 1) as __mmask16;
+    _mm512_mask_mov_ps(_mm512_set1_ps(MASKED), keep, v)
+}
+
+/// A query's softmax step over 32 positions (its scores in base 2, masked lanes [`MASKED`]): a
+/// maximum more than [`SLACK`] above the running one rescales the running sum, and comes back as
+/// the factor for the weighted values; the weights `2^(score - max)`, 0 past the limit, go into
+/// the running sum and come back as 32 bf16. The factor is [`exp2_16`]'s too (a call into libm
+/// here, however rare, made the compiler reload the polynomial's constants for every query).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
 #[inline]
 fn softmax_step(
     max: &mut f32,
+    over: &mut f32,
     sum: &mut __m512,
-    s0: &[f32; BLOCK],
-    s1: &[f32; BLOCK],
-    live: Option<usize>,
+    s0: __m512,
+    s1: __m512,
 ) -> (__m512i, Option<__m512>) {
-    let masked = |s: &[f32; BLOCK], live: Option<usize>| {
-        // SAFETY: 16 floats.
-        let v = unsafe { _mm512_loadu_ps(s.as_ptr()) };
-        match live {
-            Some(live) if live < BLOCK => {
-                let keep = ((1u32 << live) - 1) as __mmask16;
-                _mm512_mask_mov_ps(_mm512_set1_ps(MASKED), keep, v)
-            }
-            _ => v,
-        }
-    };
-    let s0 = masked(s0, live);
-    let s1 = masked(s1, live.map(|l| l.saturating_sub(BLOCK)));
     let mut alpha = None;
     let top = _mm512_max_ps(s0, s1);
-    if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(top, _mm512_set1_ps(*max + SLACK)) != 0 {
+    if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(top, _mm512_set1_ps(*over)) != 0 {
         let m = _mm512_reduce_max_ps(top);
-        let a = _mm512_set1_ps((*max - m).exp2());
+        // The first step's `max` is MASKED: a factor of exactly 0, for a sum of 0.
+        let a = exp2_16(_mm512_set1_ps(*max - m));
         *max = m;
+        *over = m + SLACK;
         *sum = _mm512_mul_ps(*sum, a);
         alpha = Some(a);
     }
