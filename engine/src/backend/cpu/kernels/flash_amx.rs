@@ -301,15 +301,16 @@ impl<'a> Blocks<'a> {
         let (b, kept) = (live / BLOCK, live % BLOCK);
         if kept > 0 {
             let src = &kv.v[kv.blocks[b] as usize * kv.block_stride..][..hd * BLOCK];
-            // Position `p` of a block: half `p % 2` of each element's pair in row `p / 2`.
-            for (p, (row, from)) in tail
-                .chunks_exact_mut(2 * hd)
-                .zip(src.chunks_exact(2 * hd))
-                .enumerate()
-            {
-                for (pair, from) in row.chunks_exact_mut(2).zip(from.chunks_exact(2)) {
-                    pair[0] = if 2 * p < kept { from[0] } else { 0 };
-                    pair[1] = if 2 * p + 1 < kept { from[1] } else { 0 };
+            // Position `p` of a block: half `p % 2` of each element's pair in row `p / 2`. Whole
+            // rows are copied; a row that `live` cuts keeps its first halves.
+            let rows = tail.chunks_exact_mut(2 * hd).zip(src.chunks_exact(2 * hd));
+            for (row, from) in rows.take(kept.div_ceil(2)) {
+                row.copy_from_slice(from);
+            }
+            if kept % 2 == 1 {
+                let cut = &mut tail[(kept / 2) * 2 * hd..][..2 * hd];
+                for pair in cut.chunks_exact_mut(2) {
+                    pair[1] = 0;
                 }
             }
         }
