@@ -13,18 +13,19 @@ pub use block_table::BlockTable;
 pub const BLOCK_SIZE: usize = 16;
 
 /// The size of one KV store: `n_blocks` blocks of [`BLOCK_SIZE`] slots, for `n_layers` layers,
-/// each slot holding `kv_dim` keys and `kv_dim` values.
+/// each slot holding `kv_dim` keys and `kv_dim` values, in KV heads of `head_dim`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvSpec {
     pub n_layers: usize,
     pub n_blocks: usize,
     pub kv_dim: usize,
+    pub head_dim: usize,
 }
 
 impl KvSpec {
     /// Bytes of f16 keys and values this spec takes.
     pub fn bytes(&self) -> usize {
-        2 * self.n_layers * self.n_blocks * BLOCK_SIZE * self.kv_dim * std::mem::size_of::<u16>()
+        self.n_blocks * sizing::block_bytes(self.n_layers, self.kv_dim)
     }
 }
 

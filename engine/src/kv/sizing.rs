@@ -1,7 +1,7 @@
 //! How many KV blocks a rank gets: a fixed number of tokens, or a fraction of the memory left
 //! after the weights.
 
-use super::{KvSpec, BLOCK_SIZE};
+use super::BLOCK_SIZE;
 use crate::error::{Error, Result};
 
 /// The user's choice (`--kv-tokens N` or `--mem-fraction F`).
@@ -14,12 +14,7 @@ pub enum KvBudget {
 
 /// Bytes of one KV block for `n_layers` layers of width `kv_dim`.
 pub fn block_bytes(n_layers: usize, kv_dim: usize) -> usize {
-    KvSpec {
-        n_layers,
-        n_blocks: 1,
-        kv_dim,
-    }
-    .bytes()
+    2 * n_layers * BLOCK_SIZE * kv_dim * std::mem::size_of::<u16>()
 }
 
 /// Memory the kernel says is available (`MemAvailable` in /proc/meminfo), in bytes.

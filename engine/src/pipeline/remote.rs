@@ -230,7 +230,8 @@ impl<B: Backend> Driver for RemoteDriver<B> {
     fn ranks(&self, kv_tokens_used: usize) -> Vec<RankHealth> {
         let mut out = vec![local_health(&self.stage, 0, kv_tokens_used)];
         let n_blocks = self.stage.kv_tokens() / BLOCK_SIZE;
-        let kv_dim = self.stage.model().config().kv_dim();
+        let cfg = self.stage.model().config();
+        let (kv_dim, head_dim) = (cfg.kv_dim(), cfg.head_dim);
         for c in &self.controls {
             let (status, _) = c.link.peer_status();
             let st = status.unwrap_or_default();
@@ -238,6 +239,7 @@ impl<B: Backend> Driver for RemoteDriver<B> {
                 n_layers: self.split.range(c.rank).len(),
                 n_blocks,
                 kv_dim,
+                head_dim,
             };
             out.push(RankHealth {
                 rank: c.rank,

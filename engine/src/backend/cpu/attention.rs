@@ -193,6 +193,7 @@ mod tests {
             n_layers,
             n_blocks,
             kv_dim: shape.n_kv_heads * shape.head_dim,
+            head_dim: shape.head_dim,
         };
         CpuBackend::new(1).alloc_kv(spec).expect("mapped")
     }

@@ -214,6 +214,7 @@ impl<B: Backend> Llama<B> {
             n_layers: self.blocks.len(),
             n_blocks,
             kv_dim: self.cfg.kv_dim(),
+            head_dim: self.cfg.head_dim,
         };
         Ok(ForwardState {
             kv: self.backend.alloc_kv(kv_spec)?,
