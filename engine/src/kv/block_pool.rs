@@ -45,14 +45,16 @@ impl BlockPool {
 
     /// Returns blocks to the pool; the next allocation takes the first of them first.
     pub fn release(&mut self, blocks: impl IntoIterator<Item = u32>) {
-        let blocks: Vec<u32> = blocks.into_iter().collect();
-        for b in blocks.into_iter().rev() {
+        let at = self.free.len();
+        for b in blocks {
             debug_assert!(
                 (b as usize) < self.n_blocks && !self.free.contains(&b),
                 "double free of block {b}"
             );
             self.free.push(b);
         }
+        // The free list's top is its end: the first of them on top.
+        self.free[at..].reverse();
     }
 }
 

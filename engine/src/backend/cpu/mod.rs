@@ -134,12 +134,17 @@ impl CpuKv {
         self.spec.n_blocks * BLOCK_SIZE * self.spec.kv_dim
     }
 
+    /// Elements of one head's run of one layer's keys (or values): every block of the head.
+    fn run(&self) -> usize {
+        self.spec.n_blocks * BLOCK_SIZE * self.spec.head_dim
+    }
+
     /// Maps the first page of every head's run now, at start: the first requests would
     /// otherwise fault one in each run at once (with huge pages, 2 MiB each, 60 a rank of 10
     /// layers), which took their TTFT p95 from 0.6-0.7 s to 1.3-1.4 s at 256:128 C4 (three ranks,
     /// amx, model 167). A page of each run only: the rest of the pool stays unmapped until used.
     fn map_first_pages(&mut self) {
-        let run = self.spec.n_blocks * BLOCK_SIZE * self.spec.head_dim;
+        let run = self.run();
         let cache = self.buf.as_mut_slice();
         for first in cache.iter_mut().step_by(run.max(1)) {
             // A write maps the page; volatile, so that storing the zero it holds stays.
@@ -150,12 +155,16 @@ impl CpuKv {
 
     /// Layer `layer`'s place in the cache, for heads of `hd` elements.
     fn layer(&self, layer: usize, hd: usize) -> attention::LayerKv<'_> {
+        assert_eq!(
+            hd, self.spec.head_dim,
+            "the cache's heads are of another size"
+        );
         let keys = 2 * layer * self.plane();
         attention::LayerKv {
             cache: self.buf.as_slice(),
             keys,
             values: keys + self.plane(),
-            head: self.spec.n_blocks * BLOCK_SIZE * hd,
+            head: self.run(),
             block: BLOCK_SIZE * hd,
             format: kernels::KvFormat::of(hd, BLOCK_SIZE),
         }
@@ -232,7 +241,7 @@ impl Backend for CpuBackend {
         // Zeroed pages are mapped lazily: a block costs resident memory once used (see `CpuKv`).
         let mut kv = CpuKv {
             spec,
-            buf: HugeBuf::zeroed(2 * spec.n_layers * spec.n_blocks * BLOCK_SIZE * spec.kv_dim)?,
+            buf: HugeBuf::zeroed(spec.bytes() / std::mem::size_of::<u16>())?,
         };
         kv.map_first_pages();
         Ok(kv)

@@ -353,9 +353,6 @@ struct Group<const NV: usize> {
     /// The positions each query sees: below `limit[k]`.
     limit: [usize; ROWS],
     max: [f32; ROWS],
-    /// `max + SLACK`: a score above it rescales (kept apart, so that the comparison reads it as
-    /// it is).
-    over: [f32; ROWS],
     sum: [__m512; ROWS],
     /// The weighted values at the end, per 16 elements a tile's rows.
     o: [[[f32; 16]; ROWS]; NV],
@@ -388,7 +385,6 @@ impl<const NV: usize> Group<NV> {
             // `n_ctx0 + i / heads`.
             limit: std::array::from_fn(|k| c.n_ctx0 + (i0 + k) / c.heads),
             max: [MASKED; ROWS],
-            over: [MASKED + SLACK; ROWS],
             sum: [_mm512_setzero_ps(); ROWS],
             o: [[[0f32; 16]; ROWS]; NV],
         }
@@ -517,8 +513,8 @@ impl<const NV: usize> Group<NV> {
         alphas: &mut [__m512; ROWS],
     ) -> u32 {
         let mut rescaled = 0u32;
-        let running = self.max.iter_mut().zip(&mut self.over).zip(&mut self.sum);
-        for (k, (((max, over), sum), &limit)) in running.zip(&self.limit).enumerate().take(self.n) {
+        let running = self.max.iter_mut().zip(&mut self.sum).zip(&self.limit);
+        for (k, ((max, sum), &limit)) in running.enumerate().take(self.n) {
             // SAFETY: 16 floats each.
             let (mut s0, mut s1) = unsafe {
                 (
@@ -531,7 +527,7 @@ impl<const NV: usize> Group<NV> {
                 s0 = masked(s0, live);
                 s1 = masked(s1, live.saturating_sub(BLOCK));
             }
-            let (w, alpha) = softmax_step(max, over, sum, s0, s1);
+            let (w, alpha) = softmax_step(max, sum, s0, s1);
             // SAFETY: 64 bytes each.
             unsafe { _mm512_storeu_si512(weights[k].as_mut_ptr() as *mut _, w) };
             if let Some(alpha) = alpha {
@@ -631,19 +627,17 @@ fn masked(v: __m512, live: usize) -> __m512 {
 #[inline]
 fn softmax_step(
     max: &mut f32,
-    over: &mut f32,
     sum: &mut __m512,
     s0: __m512,
     s1: __m512,
 ) -> (__m512i, Option<__m512>) {
     let mut alpha = None;
     let top = _mm512_max_ps(s0, s1);
-    if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(top, _mm512_set1_ps(*over)) != 0 {
+    if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(top, _mm512_set1_ps(*max + SLACK)) != 0 {
         let m = _mm512_reduce_max_ps(top);
         // The first step's `max` is MASKED: a factor of exactly 0, for a sum of 0.
         let a = exp2_16(_mm512_set1_ps(*max - m));
         *max = m;
-        *over = m + SLACK;
         *sum = _mm512_mul_ps(*sum, a);
         alpha = Some(a);
     }
