@@ -10,23 +10,12 @@ use std::arch::x86_64::*;
 use super::scalar::{Q4_1_BYTES, Q8_0_BYTES, QK};
 use crate::dtype::GgmlType;
 
-/// Runs an `nr` × `c` tile; see [`super::scalar::tile`] for the layout.
+/// Runs one tile ([`super::QuantTile`] says its layout).
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile(
-    dtype: GgmlType,
-    nr: usize,
-    c: usize,
-    w: &[u8],
-    row_bytes: usize,
-    xq: &[i8],
-    xds: &[f32],
-    cols: usize,
-    out: &mut [f32],
-) {
-    quant_tile_body!(dtype, nr, c, w, row_bytes, xq, xds, cols, out)
+pub(super) unsafe fn tile(tile: super::QuantTile<'_>, out: &mut [f32]) {
+    quant_tile_body!(tile, out)
 }
 
 #[target_feature(enable = "avx2")]

@@ -15,23 +15,12 @@ use std::arch::x86_64::*;
 use super::scalar::{Q4_1_BYTES, Q8_0_BYTES, QK};
 use crate::dtype::GgmlType;
 
-/// Runs an `nr` × `c` tile; see [`super::scalar::tile`] for the layout.
+/// Runs one tile ([`super::QuantTile`] says its layout).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, FMA and F16C.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile(
-    dtype: GgmlType,
-    nr: usize,
-    c: usize,
-    w: &[u8],
-    row_bytes: usize,
-    xq: &[i8],
-    xds: &[f32],
-    cols: usize,
-    out: &mut [f32],
-) {
-    quant_tile_body!(dtype, nr, c, w, row_bytes, xq, xds, cols, out)
+pub(super) unsafe fn tile(tile: super::QuantTile<'_>, out: &mut [f32]) {
+    quant_tile_body!(tile, out)
 }
 
 /// Permutation index: lanes 0..8 of the result take lane 0 of the source, lanes 8..16 lane 2.

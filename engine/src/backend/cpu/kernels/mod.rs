@@ -51,9 +51,18 @@ mod fused;
 /// monomorphized for the tile (`nr` weight rows × `c` activation rows).
 #[cfg(target_arch = "x86_64")]
 macro_rules! quant_tile_body {
-    ($dtype:expr, $nr:expr, $c:expr, $w:expr, $row_bytes:expr, $xq:expr, $xds:expr, $cols:expr, $out:expr) => {{
-        let (dtype, nr, c, row_bytes, cols, out) = ($dtype, $nr, $c, $row_bytes, $cols, $out);
-        let (w, xq, xds): (&[u8], &[i8], &[f32]) = ($w, $xq, $xds);
+    ($tile:expr, $out:expr) => {{
+        let super::QuantTile {
+            dtype,
+            nr,
+            c,
+            w,
+            row_bytes,
+            xq,
+            xds,
+            cols,
+        } = $tile;
+        let out: &mut [f32] = $out;
         let nb = cols / QK;
         assert!(cols.is_multiple_of(QK) && row_bytes == nb * dtype.type_size());
         assert!(w.len() >= nr * row_bytes && xq.len() >= c * cols && xds.len() >= c * 2 * nb);
@@ -630,7 +639,17 @@ fn quant_block(
             let wd = &w.data[r * rb..(r + nr) * rb];
             let mut tile = [0f32; TILE_R * 4];
             let res = &mut tile[..nr * c];
-            tile_dispatch(level, w.dtype, nr, c, wd, rb, xq, xds, cols, res);
+            let tile = QuantTile {
+                dtype: w.dtype,
+                nr,
+                c,
+                w: wd,
+                row_bytes: rb,
+                xq,
+                xds,
+                cols,
+            };
+            tile_dispatch(level, tile, res);
             for ci in 0..c {
                 for ri in 0..nr {
                     let idx = (i + ci) * w.rows + r + ri;
@@ -645,26 +664,29 @@ fn quant_block(
     }
 }
 
-/// Runs one `nr` × `c` tile (`out[ci * nr + ri]`) at `level`.
-#[allow(clippy::too_many_arguments)]
-fn tile_dispatch(
-    level: SimdLevel,
+/// One `nr` × `c` tile of a quantized matrix in stored order: weight rows `0..nr` (`row_bytes`
+/// apart in `w`) against activation rows `0..c` (`cols` values apart in `xq`, `2 * cols / 32`
+/// scales apart in `xds`). Its outputs go to `out[ci * nr + ri]`.
+#[derive(Clone, Copy)]
+struct QuantTile<'a> {
     dtype: GgmlType,
     nr: usize,
     c: usize,
-    w: &[u8],
+    w: &'a [u8],
     row_bytes: usize,
-    xq: &[i8],
-    xds: &[f32],
+    xq: &'a [i8],
+    xds: &'a [f32],
     cols: usize,
-    out: &mut [f32],
-) {
+}
+
+/// Runs one tile at `level`.
+fn tile_dispatch(level: SimdLevel, tile: QuantTile<'_>, out: &mut [f32]) {
     match level {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512Vnni | SimdLevel::Avx512Bf16 | SimdLevel::Amx => {
             // SAFETY: `level` was clamped to the detected level, so the CPU has AVX-512
             // F/BW/VL/VNNI, FMA and F16C.
-            unsafe { avx512::tile(dtype, nr, c, w, row_bytes, xq, xds, cols, out) }
+            unsafe { avx512::tile(tile, out) }
         }
         // Without VNNI the stored layout runs AVX2's tile: it serves only matrices without lane
         // order, which the CPU backend never makes at a lane level (the tests run it).
@@ -672,8 +694,8 @@ fn tile_dispatch(
         SimdLevel::Avx512 | SimdLevel::Avx2 => {
             // SAFETY: `level` was clamped to the detected level, so the CPU has AVX2, FMA, F16C
             // (every AVX-512 level includes them).
-            unsafe { avx2::tile(dtype, nr, c, w, row_bytes, xq, xds, cols, out) }
+            unsafe { avx2::tile(tile, out) }
         }
-        _ => scalar::tile(dtype, nr, c, w, row_bytes, xq, xds, cols, out),
+        _ => scalar::tile(tile, out),
     }
 }

@@ -103,26 +103,15 @@ fn dot_row(dtype: GgmlType, w: &[u8], xq: &[i8], xds: &[f32]) -> f32 {
     acc + macc
 }
 
-/// `out[ci * nr + ri]` = weight row `ri` (of `nr`, `row_bytes` apart in `w`) · activation row
-/// `ci` (of `c`, `cols` values apart in `xq`, `2 * cols / 32` scales apart in `xds`).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn tile(
-    dtype: GgmlType,
-    nr: usize,
-    c: usize,
-    w: &[u8],
-    row_bytes: usize,
-    xq: &[i8],
-    xds: &[f32],
-    cols: usize,
-    out: &mut [f32],
-) {
+/// `out[ci * nr + ri]` = weight row `ri` · activation row `ci` of tile `t`.
+pub(super) fn tile(t: super::QuantTile<'_>, out: &mut [f32]) {
+    let (cols, nr, rb) = (t.cols, t.nr, t.row_bytes);
     let nb = cols / QK;
-    for ci in 0..c {
-        let xq = &xq[ci * cols..(ci + 1) * cols];
-        let xds = &xds[ci * 2 * nb..(ci + 1) * 2 * nb];
+    for ci in 0..t.c {
+        let xq = &t.xq[ci * cols..(ci + 1) * cols];
+        let xds = &t.xds[ci * 2 * nb..(ci + 1) * 2 * nb];
         for ri in 0..nr {
-            out[ci * nr + ri] = dot_row(dtype, &w[ri * row_bytes..(ri + 1) * row_bytes], xq, xds);
+            out[ci * nr + ri] = dot_row(t.dtype, &t.w[ri * rb..(ri + 1) * rb], xq, xds);
         }
     }
 }
