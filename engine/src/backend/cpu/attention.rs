@@ -227,19 +227,12 @@ mod tests {
             pos: 0,
             blocks: &blocks,
         };
-        cache.store(0, shape.head_dim, &[seq], &k, &v);
+        cache.store(0, &[seq], &k, &v);
         let want = reference(shape, n, &q, &k, &v);
         for threads in [1, 2] {
             let pool = ThreadPool::new(threads);
             let mut out = vec![0.0; n * 32];
-            attend(
-                &pool,
-                shape,
-                &[seq],
-                &q,
-                cache.layer(0, shape.head_dim),
-                &mut out,
-            );
+            attend(&pool, shape, &[seq], &q, cache.layer(0), &mut out);
             for (a, b) in out.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-5, "{a} vs {b}");
             }
@@ -252,14 +245,7 @@ mod tests {
             };
             let mut one = vec![0.0; 32];
             let q_last = &q[(n - 1) * 32..];
-            attend(
-                &pool,
-                shape,
-                &[last],
-                q_last,
-                cache.layer(0, shape.head_dim),
-                &mut one,
-            );
+            attend(&pool, shape, &[last], q_last, cache.layer(0), &mut one);
             for (a, b) in one.iter().zip(&want[(n - 1) * 32..]) {
                 assert!((a - b).abs() < 1e-5);
             }
@@ -291,21 +277,14 @@ mod tests {
             .map(|_| (f16_exact(rnd(n * kv_dim)), f16_exact(rnd(n * kv_dim))))
             .collect();
         for (layer, (k, v)) in data.iter().enumerate() {
-            cache.store(layer, shape.head_dim, &[seq], k, v);
+            cache.store(layer, &[seq], k, v);
         }
         let q = rnd(n * q_width);
         let pool = ThreadPool::new(2);
         for (layer, (k, v)) in data.iter().enumerate() {
             let want = reference(shape, n, &q, k, v);
             let mut out = vec![0.0; n * q_width];
-            attend(
-                &pool,
-                shape,
-                &[seq],
-                &q,
-                cache.layer(layer, shape.head_dim),
-                &mut out,
-            );
+            attend(&pool, shape, &[seq], &q, cache.layer(layer), &mut out);
             for (a, b) in out.iter().zip(&want) {
                 assert!((a - b).abs() < 2e-3, "layer {layer}: {a} vs {b}");
             }
@@ -333,7 +312,7 @@ mod tests {
             blocks: &every,
         };
         let (k, v) = (rnd(12 * BLOCK_SIZE * kv_dim), rnd(12 * BLOCK_SIZE * kv_dim));
-        cache.store(0, shape.head_dim, &[all_slots], &k, &v);
+        cache.store(0, &[all_slots], &k, &v);
         let tables: [&[u32]; 4] = [&[3, 0], &[7], &[1, 9, 4], &[11, 2, 5, 6]];
         let positions = [20, 9, 40, 51];
         let q = rnd(4 * q_width);
@@ -347,26 +326,12 @@ mod tests {
             .collect();
         let pool = ThreadPool::new(2);
         let mut all = vec![0.0; 4 * q_width];
-        attend(
-            &pool,
-            shape,
-            &seqs,
-            &q,
-            cache.layer(0, shape.head_dim),
-            &mut all,
-        );
+        attend(&pool, shape, &seqs, &q, cache.layer(0), &mut all);
         for (i, seq) in seqs.iter().enumerate() {
             let alone = SeqRows { start: 0, ..*seq };
             let mut one = vec![0.0; q_width];
             let qi = &q[i * q_width..(i + 1) * q_width];
-            attend(
-                &pool,
-                shape,
-                &[alone],
-                qi,
-                cache.layer(0, shape.head_dim),
-                &mut one,
-            );
+            attend(&pool, shape, &[alone], qi, cache.layer(0), &mut one);
             let want = &all[i * q_width..(i + 1) * q_width];
             assert!(one
                 .iter()

@@ -153,12 +153,9 @@ impl CpuKv {
         }
     }
 
-    /// Layer `layer`'s place in the cache, for heads of `hd` elements.
-    fn layer(&self, layer: usize, hd: usize) -> attention::LayerKv<'_> {
-        assert_eq!(
-            hd, self.spec.head_dim,
-            "the cache's heads are of another size"
-        );
+    /// Layer `layer`'s place in the cache.
+    fn layer(&self, layer: usize) -> attention::LayerKv<'_> {
+        let hd = self.spec.head_dim;
         let keys = 2 * layer * self.plane();
         attention::LayerKv {
             cache: self.buf.as_slice(),
@@ -170,11 +167,11 @@ impl CpuKv {
         }
     }
 
-    /// Stores the keys and values of `seqs`' rows (`k`, `v`: `[row][kv_dim]`, heads of `hd`) for
-    /// `layer`, in the format attention reads at this level (see [`kernels::KvFormat`]).
-    fn store(&mut self, layer: usize, hd: usize, seqs: &[SeqRows<'_>], k: &[f32], v: &[f32]) {
-        let kv_dim = self.spec.kv_dim;
-        let at = self.layer(layer, hd);
+    /// Stores the keys and values of `seqs`' rows (`k`, `v`: `[row][kv_dim]`, in the spec's
+    /// heads) for `layer`, in the format attention reads at this level (see [`kernels::KvFormat`]).
+    fn store(&mut self, layer: usize, seqs: &[SeqRows<'_>], k: &[f32], v: &[f32]) {
+        let (kv_dim, hd) = (self.spec.kv_dim, self.spec.head_dim);
+        let at = self.layer(layer);
         let (keys, values, head, block, format) =
             (at.keys, at.values, at.head, at.block, at.format);
         let cache = self.buf.as_mut_slice();
@@ -376,15 +373,12 @@ impl Backend for CpuBackend {
         v: &Vec<f32>,
         out: &mut Vec<f32>,
     ) {
-        kv.store(layer, shape.head_dim, seqs, k, v);
-        attention::attend(
-            &self.pool,
-            shape,
-            seqs,
-            q,
-            kv.layer(layer, shape.head_dim),
-            out,
+        assert_eq!(
+            shape.head_dim, kv.spec.head_dim,
+            "the cache's heads are of another size"
         );
+        kv.store(layer, seqs, k, v);
+        attention::attend(&self.pool, shape, seqs, q, kv.layer(layer), out);
     }
 
     fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
