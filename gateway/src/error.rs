@@ -51,6 +51,28 @@ impl Unmeetable {
     }
 }
 
+/// Why a deadline in force is later than the one asked (the class's, or lower by header): the
+/// prompt's own prediction on an idle upstream, `alone`, already passes `asked`, so the request
+/// is held to a multiple of `alone` instead of being refused forever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stretched {
+    pub asked: Duration,
+    pub alone: Duration,
+}
+
+impl Stretched {
+    /// What a refusal says of the deadline it quotes (empty when it is the one asked).
+    fn explain(stretched: Option<Self>) -> String {
+        stretched.map_or_else(String::new, |s| {
+            format!(
+                " (stretched from the {:?} asked: this prompt alone is predicted to take {:?})",
+                ms(s.asked),
+                ms(s.alone)
+            )
+        })
+    }
+}
+
 /// What a `deadline_unmeetable` adds when its `Retry-After` is the line's cap.
 const LINE_FULL: &str = " at the earliest: the requests told to come back before this one fill \
                           more than that (the server is over capacity)";
@@ -118,12 +140,14 @@ pub enum GatewayError {
     },
     #[error("the server is at capacity ({} queue full); retry after {retry_after:?}", class.as_str())]
     Overloaded { class: Class, retry_after: Duration },
-    #[error("the {} TTFT deadline of {:?} cannot be met: {}; retry after {:?}{}", class.as_str(), ms(*deadline), why.explain(*predicted), ms(*retry_after), if *line_full { LINE_FULL } else { "" })]
+    #[error("the {} TTFT deadline of {:?}{} cannot be met: {}; retry after {:?}{}", class.as_str(), ms(*deadline), Stretched::explain(*stretched), why.explain(*predicted), ms(*retry_after), if *line_full { LINE_FULL } else { "" })]
     DeadlineUnmeetable {
         class: Class,
         /// Arrival → first token as the model predicts it, without the margin.
         predicted: Duration,
+        /// The deadline in force: the one asked, or later where `stretched` says why.
         deadline: Duration,
+        stretched: Option<Stretched>,
         retry_after: Duration,
         why: Unmeetable,
         /// The requests told to come back before it fill more than the longest wait the

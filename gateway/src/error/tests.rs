@@ -102,6 +102,7 @@ fn every_condition_has_its_status_and_code() {
                 retry_after: d,
                 why: Unmeetable::WouldDisplace,
                 line_full: false,
+                stretched: None,
             },
             StatusCode::SERVICE_UNAVAILABLE,
             "deadline_unmeetable",
@@ -210,6 +211,7 @@ fn a_deadline_refusal_says_why() {
         retry_after: Duration::from_millis(1130),
         why,
         line_full: false,
+        stretched: None,
     };
     let late = Unmeetable::Late {
         margin: Duration::ZERO,
@@ -253,6 +255,7 @@ fn a_refusal_at_the_lines_cap_says_it_is_one() {
             margin: Duration::ZERO,
         },
         line_full: true,
+        stretched: None,
     };
     assert_eq!(
         err.to_string(),

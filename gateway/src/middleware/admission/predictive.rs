@@ -37,7 +37,7 @@ use tokio::time::Instant;
 use super::flight::Flight;
 use super::hold::Hold;
 use super::queue::{State, Ticket, Waiter};
-use crate::error::{retry_after_secs, GatewayError, Unmeetable};
+use crate::error::{retry_after_secs, GatewayError, Stretched, Unmeetable};
 use crate::policy::{Class, PrefillOrder};
 use crate::predict::{self, Beside, Gate, Group, Pair, Parameters, Pending, Point, Running, Scene};
 
@@ -304,7 +304,7 @@ impl State {
     }
 
     /// The deadline `ticket` is held to under the limits in force.
-    fn deadline(&self, ticket: &Ticket) -> Duration {
+    fn deadline(&self, ticket: &Ticket) -> HeldTo {
         let class_deadline = self.limits.deadline(ticket.class);
         let asked = ticket
             .deadline
@@ -312,8 +312,19 @@ impl State {
         // With the margin an arrival is admitted under: on an idle upstream, a prompt that
         // cannot meet its deadline is always admitted, however late recent first tokens came.
         let alone = self.model.prefill(ticket.prompt_tokens, Beside::IDLE);
-        let alone = alone + self.margin(alone);
-        asked.max(secs(ALONE_SLACK * alone))
+        let alone = secs(alone + self.margin(alone));
+        let slack = alone.mul_f64(ALONE_SLACK);
+        if slack > asked {
+            HeldTo {
+                at: slack,
+                stretched: Some(Stretched { asked, alone }),
+            }
+        } else {
+            HeldTo {
+                at: asked,
+                stretched: None,
+            }
+        }
     }
 
     /// Seconds to add to a prediction of `predicted` seconds for how late recent first tokens
@@ -334,7 +345,7 @@ impl State {
             .zip(before.iter().zip(after))
             .filter(|(w, (b, a))| {
                 let waited = w.arrived.elapsed().as_secs_f64();
-                let d = self.deadline(&w.ticket).as_secs_f64();
+                let d = self.deadline(&w.ticket).at.as_secs_f64();
                 waited + **b <= d && waited + **a > d
             })
             .map(|(w, (b, _))| (w.id, *b))
@@ -358,7 +369,7 @@ impl State {
             .zip(before[n..].iter().zip(&after[n..]))
             .filter(|(h, (b, a))| {
                 let ready = h.back.saturating_duration_since(now).as_secs_f64();
-                let d = self.deadline(&h.ticket).as_secs_f64();
+                let d = self.deadline(&h.ticket).at.as_secs_f64();
                 **b - ready <= d && **a - ready > d
             })
             .map(|(_, (b, _))| *b)
@@ -414,8 +425,8 @@ impl State {
         }
         let margin = secs(self.margin(predicted));
         let padded = secs(predicted) + margin;
-        if padded > deadline {
-            let wait = padded.saturating_sub(deadline);
+        if padded > deadline.at {
+            let wait = padded.saturating_sub(deadline.at);
             let why = Unmeetable::Late { margin };
             return Err(unmeetable(ticket, secs(predicted), deadline, wait, why));
         }
@@ -488,11 +499,12 @@ impl State {
             .find_map(|(i, (w, left))| {
                 let deadline = self.deadline(&w.ticket);
                 let predicted = w.arrived.elapsed() + secs(left);
-                (predicted > deadline).then(|| {
+                (predicted > deadline.at).then(|| {
                     let why = Unmeetable::Late {
                         margin: Duration::ZERO,
                     };
-                    let err = unmeetable(&w.ticket, predicted, deadline, predicted - deadline, why);
+                    let err =
+                        unmeetable(&w.ticket, predicted, deadline, predicted - deadline.at, why);
                     (i, err)
                 })
             })
@@ -745,17 +757,25 @@ fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.clamp(0.0, 1e7))
 }
 
+/// The deadline a request is held to, and why it is later than the one asked if it is.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HeldTo {
+    pub at: Duration,
+    pub stretched: Option<Stretched>,
+}
+
 fn unmeetable(
     ticket: &Ticket,
     predicted: Duration,
-    deadline: Duration,
+    deadline: HeldTo,
     wait: Duration,
     why: Unmeetable,
 ) -> GatewayError {
     GatewayError::DeadlineUnmeetable {
         class: ticket.class,
         predicted,
-        deadline,
+        deadline: deadline.at,
+        stretched: deadline.stretched,
         retry_after: wait.max(Duration::from_secs(1)),
         why,
         line_full: false,

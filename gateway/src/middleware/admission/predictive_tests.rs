@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::error::{GatewayError, Unmeetable};
+use crate::error::{GatewayError, Stretched, Unmeetable};
 use crate::policy::{Class, Cost, PrefillOrder};
 
 /// Prefill 1 s per 1K tokens, decode 10 ms a step; refit off so the figures stay exact.
@@ -174,12 +174,14 @@ async fn an_unmeetable_deadline_is_refused_at_once_with_retry_after() {
         class,
         why,
         line_full,
+        stretched,
     } = err
     else {
         panic!("expected deadline_unmeetable, got {err:?}");
     };
     assert_eq!(class, Class::Interactive);
     assert!(!line_full, "no one was told to come back before it");
+    assert_eq!(stretched, None, "250 tokens alone meet 3 s");
     // No first token yet, so no lateness to allow for.
     let on_time = Unmeetable::Late {
         margin: Duration::ZERO,
@@ -225,6 +227,49 @@ async fn an_unmeetable_deadline_is_refused_at_once_with_retry_after() {
         acquire(adm.clone(), strict).await,
         Err(GatewayError::DeadlineUnmeetable { .. })
     ));
+}
+
+/// A prompt that cannot meet the deadline it asked for even alone is held to 1.25 times its
+/// time alone, and a refusal quotes that deadline with the reason, not as if it were the one
+/// asked.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_says_when_the_deadline_was_stretched_past_the_one_asked() {
+    let adm = Admission::new(limits(2));
+    // A 1K prompt is prefilling: 1 s before anything behind it starts.
+    let _short = acquire(adm.clone(), ticket("a", 1000)).await.expect("slot");
+    // 2K tokens take 2 s alone, past the 1 s asked: held to 2.5 s, missed at 3 s.
+    let mut strict = ticket("b", 2000);
+    strict.deadline = Some(Duration::from_secs(1));
+    let err = acquire(adm.clone(), strict.clone())
+        .await
+        .expect_err("refused");
+    let GatewayError::DeadlineUnmeetable {
+        deadline,
+        stretched,
+        ..
+    } = err
+    else {
+        panic!("expected deadline_unmeetable, got {err:?}");
+    };
+    assert_eq!(deadline, Duration::from_millis(2500));
+    assert_eq!(
+        stretched,
+        Some(Stretched {
+            asked: Duration::from_secs(1),
+            alone: Duration::from_secs(2),
+        })
+    );
+    assert_eq!(
+        err.to_string(),
+        "the interactive TTFT deadline of 2.5s (stretched from the 1s asked: this prompt alone \
+         is predicted to take 2s) cannot be met: the predicted time to first token is 3s; retry \
+         after 1s"
+    );
+    // Once the upstream is idle it is served, later than it asked but as soon as it can be.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    drop(_short);
+    let served = acquire(adm.clone(), strict).await.expect("admitted alone");
+    assert_eq!(served.permit.predicted(), Duration::from_secs(2));
 }
 
 #[tokio::test(start_paused = true)]
