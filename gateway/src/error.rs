@@ -57,6 +57,8 @@ impl Unmeetable {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stretched {
     pub asked: Duration,
+    /// Whether `asked` is the request's own (`x-sluice-ttft-deadline-ms`), not its class's.
+    pub by_request: bool,
     pub alone: Duration,
 }
 
@@ -64,8 +66,13 @@ impl Stretched {
     /// What a refusal says of the deadline it quotes (empty when it is the one asked).
     fn explain(stretched: Option<Self>) -> String {
         stretched.map_or_else(String::new, |s| {
+            let whose = if s.by_request {
+                "the request asked for"
+            } else {
+                "of its class"
+            };
             format!(
-                " (stretched from the {:?} asked: this prompt alone is predicted to take {:?})",
+                " (stretched from the {:?} {whose}: this prompt alone is predicted to take {:?})",
                 ms(s.asked),
                 ms(s.alone)
             )

@@ -243,6 +243,32 @@ fn a_deadline_refusal_says_why() {
     );
 }
 
+/// A refusal held to a deadline later than its class's says so, and why.
+#[test]
+fn a_refusal_under_a_stretched_class_deadline_says_so() {
+    let err = GatewayError::DeadlineUnmeetable {
+        class: Class::Batch,
+        predicted: Duration::from_secs(40),
+        deadline: Duration::from_secs(35),
+        retry_after: Duration::from_secs(5),
+        why: Unmeetable::Late {
+            margin: Duration::ZERO,
+        },
+        line_full: false,
+        stretched: Some(Stretched {
+            asked: Duration::from_secs(30),
+            by_request: false,
+            alone: Duration::from_secs(28),
+        }),
+    };
+    assert_eq!(
+        err.to_string(),
+        "the batch TTFT deadline of 35s (stretched from the 30s of its class: this prompt alone \
+         is predicted to take 28s) cannot be met: the predicted time to first token is 40s; retry \
+         after 5s"
+    );
+}
+
 /// A `Retry-After` that is the line's cap, not a prediction, says so.
 #[test]
 fn a_refusal_at_the_lines_cap_says_it_is_one() {

@@ -309,6 +309,7 @@ impl State {
         let asked = ticket
             .deadline
             .map_or(class_deadline, |d| d.min(class_deadline));
+        let by_request = asked < class_deadline;
         // With the margin an arrival is admitted under: on an idle upstream, a prompt that
         // cannot meet its deadline is always admitted, however late recent first tokens came.
         let alone = self.model.prefill(ticket.prompt_tokens, Beside::IDLE);
@@ -317,7 +318,11 @@ impl State {
         if slack > asked {
             HeldTo {
                 at: slack,
-                stretched: Some(Stretched { asked, alone }),
+                stretched: Some(Stretched {
+                    asked,
+                    by_request,
+                    alone,
+                }),
             }
         } else {
             HeldTo {

@@ -256,14 +256,15 @@ async fn a_refusal_says_when_the_deadline_was_stretched_past_the_one_asked() {
         stretched,
         Some(Stretched {
             asked: Duration::from_secs(1),
+            by_request: true,
             alone: Duration::from_secs(2),
         })
     );
     assert_eq!(
         err.to_string(),
-        "the interactive TTFT deadline of 2.5s (stretched from the 1s asked: this prompt alone \
-         is predicted to take 2s) cannot be met: the predicted time to first token is 3s; retry \
-         after 1s"
+        "the interactive TTFT deadline of 2.5s (stretched from the 1s the request asked for: \
+         this prompt alone is predicted to take 2s) cannot be met: the predicted time to first \
+         token is 3s; retry after 1s"
     );
     // Once the upstream is idle it is served, later than it asked but as soon as it can be.
     tokio::time::advance(Duration::from_secs(1)).await;
