@@ -373,6 +373,16 @@ async fn the_status_page_shows_what_metrics_say() {
     assert_eq!(shown("prediction-points"), points.to_string());
     assert_eq!(dom.matches("class=\"predicted\"").count(), points, "{dom}");
     assert_eq!(dom.matches("class=\"actual\"").count(), points);
+    // Drawn in the element's own pixels (never stretched to a fixed box), with its axes.
+    assert!(!dom.contains("preserveAspectRatio"), "{dom}");
+    assert!(
+        !dom.contains("viewBox=\"0 0 600 180\""),
+        "sized from the element: {dom}"
+    );
+    assert!(
+        dom.contains(">now</text>") && dom.contains(">−5 min</text>"),
+        "{dom}"
+    );
     assert_ne!(shown("prediction-median-error"), "—");
     assert_eq!(shown("rank-1-kv"), "6,144 / 8,192");
     assert_eq!(shown("rank-0-up"), "up");
