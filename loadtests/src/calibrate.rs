@@ -122,7 +122,9 @@ pub struct CostFit {
     pub prefill_ms_per_1k_squared: f64,
     pub decode_base_ms: f64,
     pub decode_ms_per_seq: f64,
-    /// What a prefill costs more beside a decoding request, per 1K² tokens (0 unprobed).
+    /// What a prefill costs more beside a decoding request, per 1K tokens and per 1K² tokens
+    /// (0 unprobed).
+    pub prefill_ms_per_1k_beside_decodes: f64,
     pub prefill_ms_per_1k_squared_beside_decodes: f64,
     /// Prompt tokens whose prefill takes half the TTFT target: a short request arriving behind
     /// that much prefill still meets the target.
@@ -130,8 +132,8 @@ pub struct CostFit {
     /// The probes behind it: (prompt tokens, TTFT p50 s alone) and (running, s per token).
     pub probes: Vec<(usize, f64)>,
     pub steps: Vec<(usize, f64)>,
-    /// (prompt tokens, TTFT p50 s) of the probe beside a decoding request, if one ran.
-    pub beside: Option<(usize, f64)>,
+    /// (prompt tokens, TTFT p50 s) of the probes beside a decoding request.
+    pub beside: Vec<(usize, f64)>,
 }
 
 /// Least squares of `y` on the features in `terms` (indices), others 0; `None` when the
@@ -210,16 +212,16 @@ fn least_squares(rows: &[(Vec<f64>, f64)]) -> Option<Vec<f64>> {
 }
 
 /// The cost model from prefill probes (prompt tokens, TTFT p50 alone, s), decode levels
-/// (requests running, mean time per output token, s) and a probe beside a decoding request
-/// (prompt tokens, TTFT p50, s), for a TTFT target of `target` s. What the probe beside took
-/// over the prefill curve's time alone, per 1K² tokens (the extra grows with the square of the
-/// prompt: each small chunk reads the context before it again), is
-/// `prefill_ms_per_1k_squared_beside_decodes`
-/// (the whole probe ran beside the decode: share 1).
+/// (requests running, mean time per output token, s) and probes beside a decoding request
+/// (prompt tokens, TTFT p50, s), for a TTFT target of `target` s. What the probes beside took
+/// over the prefill curve's time alone (the whole probe ran beside the decode: share 1) is
+/// fitted, non-negatively, as `d·k + e·k²`: the decodes run in each of the prompt's smaller
+/// chunks' steps (per token), and each chunk reads the context before it again (per token
+/// squared). One probe gives the square alone (`e`), as before both terms were fitted.
 pub fn fit_cost(
     probes: &[(usize, f64)],
     steps: &[(usize, f64)],
-    beside: Option<(usize, f64)>,
+    beside: &[(usize, f64)],
     target: f64,
 ) -> Option<CostFit> {
     let prefill_rows: Vec<(Vec<f64>, f64)> = probes
@@ -248,10 +250,18 @@ pub fn fit_cost(
         let k = tokens as f64 / 1000.0;
         pre[0] + pre[1] * k + pre[2] * k * k
     };
-    let per_1k_beside = beside.map_or(0.0, |(p, t)| {
-        let k = p as f64 / 1000.0;
-        ((t - prefill_s(p)) / (k * k)).max(0.0)
-    });
+    let extra_rows: Vec<(Vec<f64>, f64)> = beside
+        .iter()
+        .map(|&(p, t)| {
+            let k = p as f64 / 1000.0;
+            (vec![k, k * k], (t - prefill_s(p)).max(0.0))
+        })
+        .collect();
+    let (per_1k_beside, per_1k_squared_beside) = match extra_rows.len() {
+        0 => (0.0, 0.0),
+        1 => (0.0, extra_rows[0].1 / extra_rows[0].0[1]),
+        _ => least_squares(&extra_rows).map_or((0.0, 0.0), |t| (t[0], t[1])),
+    };
     let mut budget = 256;
     while budget < 65_536 && prefill_s(budget + 256) <= target / 2.0 {
         budget += 256;
@@ -263,11 +273,12 @@ pub fn fit_cost(
         prefill_ms_per_1k_squared: ms(pre[2]),
         decode_base_ms: ms(dec[0]),
         decode_ms_per_seq: ms(dec[1]),
-        prefill_ms_per_1k_squared_beside_decodes: ms(per_1k_beside),
+        prefill_ms_per_1k_beside_decodes: ms(per_1k_beside),
+        prefill_ms_per_1k_squared_beside_decodes: ms(per_1k_squared_beside),
         prefill_tokens_max: budget,
         probes: probes.to_vec(),
         steps: steps.to_vec(),
-        beside,
+        beside: beside.to_vec(),
     })
 }
 
@@ -283,23 +294,30 @@ fn cost_lines(c: &CostFit) -> (String, String) {
         .iter()
         .map(|(n, s)| format!("{n} running {:.1} ms", s * 1000.0))
         .collect();
-    let beside = c.beside.map_or_else(
-        || "not probed".to_owned(),
-        |(p, t)| format!("{p} tok {t:.2} s"),
-    );
+    let beside = if c.beside.is_empty() {
+        "not probed".to_owned()
+    } else {
+        let probes: Vec<String> = c
+            .beside
+            .iter()
+            .map(|(p, t)| format!("{p} tok {t:.2} s"))
+            .collect();
+        probes.join(", ")
+    };
     (
         format!(
             "# Prefill of half the TTFT target's time: a short request behind it still meets the target.\nprefill_tokens_max = {}",
             c.prefill_tokens_max
         ),
         format!(
-            "[admission.cost]\n# Calibrated: TTFT alone {}; beside a decoding request {}; time per output token {}.\nprefill_base_ms = {}\nprefill_ms_per_1k = {}\nprefill_ms_per_1k_squared = {}\nprefill_ms_per_1k_squared_beside_decodes = {}\ndecode_base_ms = {}\ndecode_ms_per_seq = {}\n",
+            "[admission.cost]\n# Calibrated: TTFT alone {}; beside a decoding request {}; time per output token {}.\nprefill_base_ms = {}\nprefill_ms_per_1k = {}\nprefill_ms_per_1k_squared = {}\nprefill_ms_per_1k_beside_decodes = {}\nprefill_ms_per_1k_squared_beside_decodes = {}\ndecode_base_ms = {}\ndecode_ms_per_seq = {}\n",
             probes.join(", "),
             beside,
             steps.join(", "),
             c.prefill_base_ms,
             c.prefill_ms_per_1k,
             c.prefill_ms_per_1k_squared,
+            c.prefill_ms_per_1k_beside_decodes,
             c.prefill_ms_per_1k_squared_beside_decodes,
             c.decode_base_ms,
             c.decode_ms_per_seq
@@ -519,13 +537,28 @@ mod tests {
             })
             .collect();
         let steps = [(1, 0.025), (2, 0.030), (4, 0.040)];
-        // Beside a decoding request a 4K prompt takes 3 s more: 178.81 ms per 1K².
-        let k4 = 4.096;
-        let beside = (4096, 0.1 + 0.5 * k4 + 0.05 * k4 * k4 + 3.0);
-        let c = fit_cost(&probes, &steps, Some(beside), 4.0).unwrap();
+        // Beside a decoding request a prompt takes 0.8 s per 1K and 0.1 s per 1K² more.
+        let alone = |k: f64| 0.1 + 0.5 * k + 0.05 * k * k;
+        let beside = [1024, 4096].map(|p| {
+            let k = p as f64 / 1000.0;
+            (p, alone(k) + 0.8 * k + 0.1 * k * k)
+        });
+        let c = fit_cost(&probes, &steps, &beside, 4.0).unwrap();
         assert!(
-            (c.prefill_ms_per_1k_squared_beside_decodes - 178.81).abs() < 0.01,
+            (c.prefill_ms_per_1k_beside_decodes - 800.0).abs() < 0.5,
             "{c:?}"
+        );
+        assert!(
+            (c.prefill_ms_per_1k_squared_beside_decodes - 100.0).abs() < 0.5,
+            "{c:?}"
+        );
+        // One probe beside (a 4K prompt 3 s more): the square alone, 178.81 ms per 1K².
+        let k4 = 4.096;
+        let one_beside = fit_cost(&probes, &steps, &[(4096, alone(k4) + 3.0)], 4.0).unwrap();
+        assert_eq!(one_beside.prefill_ms_per_1k_beside_decodes, 0.0);
+        assert!(
+            (one_beside.prefill_ms_per_1k_squared_beside_decodes - 178.81).abs() < 0.01,
+            "{one_beside:?}"
         );
         assert!((c.prefill_base_ms - 100.0).abs() < 0.5, "{c:?}");
         assert!((c.prefill_ms_per_1k - 500.0).abs() < 0.5, "{c:?}");
@@ -535,13 +568,21 @@ mod tests {
         // 2 s of prefill: 0.1 + 0.5k + 0.05k² = 2 → k ≈ 3.05: 2,816 tokens in 256 blocks.
         assert_eq!(c.prefill_tokens_max, 2816);
         // One probe: the per-token term alone.
-        let one = fit_cost(&[(1000, 0.8)], &[], None, 4.0).unwrap();
+        let one = fit_cost(&[(1000, 0.8)], &[], &[], 4.0).unwrap();
         assert_eq!((one.prefill_base_ms, one.prefill_ms_per_1k), (0.0, 800.0));
         // Unprobed beside decodes, or faster there than alone (noise): 0, never negative.
         assert_eq!(one.prefill_ms_per_1k_squared_beside_decodes, 0.0);
-        let faster = fit_cost(&[(1000, 0.8)], &[], Some((1000, 0.7)), 4.0).unwrap();
+        let faster = fit_cost(&[(1000, 0.8)], &[], &[(1000, 0.7)], 4.0).unwrap();
         assert_eq!(faster.prefill_ms_per_1k_squared_beside_decodes, 0.0);
-        assert!(fit_cost(&[], &[], None, 1.0).is_none());
+        let both_faster = fit_cost(&[(1000, 0.8)], &[], &[(1000, 0.7), (2000, 1.5)], 4.0).unwrap();
+        assert_eq!(
+            (
+                both_faster.prefill_ms_per_1k_beside_decodes,
+                both_faster.prefill_ms_per_1k_squared_beside_decodes
+            ),
+            (0.0, 0.0)
+        );
+        assert!(fit_cost(&[], &[], &[], 1.0).is_none());
 
         let base = "[admission]\nactive_max = 4\nprefill_tokens_max = 1\n\n[admission.cost]\n# old\nprefill_base_ms = 9\n\n[upstream]\nkind = \"bundled\"\n";
         let out = with_cost(base, &c);
@@ -555,7 +596,8 @@ mod tests {
         let cost = &out[out.find("[admission.cost]").unwrap()..];
         assert!(cost.contains("\nprefill_ms_per_1k = 500\n"), "{out}");
         assert!(
-            cost.contains("\nprefill_ms_per_1k_squared_beside_decodes = 178.81\n"),
+            cost.contains("\nprefill_ms_per_1k_beside_decodes = 800\n")
+                && cost.contains("\nprefill_ms_per_1k_squared_beside_decodes = 100\n"),
             "{out}"
         );
         let admission = &out[..out.find("[upstream]").unwrap()];
@@ -574,7 +616,7 @@ mod tests {
             })
             .collect();
         let steps = [(1, 0.01), (2, 0.03), (4, 0.07)];
-        let c = fit_cost(&probes, &steps, None, 2.0).unwrap();
+        let c = fit_cost(&probes, &steps, &[], 2.0).unwrap();
         assert!(c.prefill_base_ms >= 0.0, "{c:?}");
         assert!(c.prefill_ms_per_1k > 0.0, "{c:?}");
         assert!(c.prefill_ms_per_1k_squared >= 0.0, "{c:?}");

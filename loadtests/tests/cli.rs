@@ -189,15 +189,15 @@ async fn calibrate_writes_the_admission_policy() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     // Levels 1, 2, 4 and 8 (the first over the target ends the sweep), then two rates, then
     // the cost model's three prefill probes (256, 1K and 4K prompt tokens, 2 requests each)
-    // and its 4K probe beside a decoding request (2 more).
+    // and its 1K and 4K probes beside a decoding request (2 more each).
     let rows: Vec<&str> = stdout
         .lines()
         .filter(|l| l.starts_with("calibrate"))
         .collect();
-    assert_eq!(rows.len(), 10, "{stdout}");
+    assert_eq!(rows.len(), 11, "{stdout}");
     assert_eq!(
         rows.iter().filter(|l| l.contains(" 2/2 ")).count(),
-        4,
+        5,
         "{stdout}"
     );
     let toml = std::fs::read_to_string(&policy).unwrap();
@@ -216,7 +216,9 @@ async fn calibrate_writes_the_admission_policy() {
     // The cost model, with the probe beside a decode written out.
     assert!(
         toml.contains("[admission.cost]")
-            && toml.contains("beside a decoding request 4096 tok ")
+            && toml.contains("beside a decoding request 1024 tok ")
+            && toml.contains(", 4096 tok ")
+            && toml.contains("\nprefill_ms_per_1k_beside_decodes = ")
             && toml.contains("\nprefill_ms_per_1k_squared_beside_decodes = "),
         "{toml}"
     );

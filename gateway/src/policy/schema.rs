@@ -148,8 +148,11 @@ pub struct Cost {
     pub prefill_ms_per_1k_squared: f64,
     /// Prefill: the running sequences' decode rows carried along (× k × running tokens / 10K).
     pub prefill_ms_per_1k_per_10k_running: f64,
+    /// Prefill: more while other requests decode, per 1K prompt tokens (× k × the share of the
+    /// prefill beside decodes): the decodes run in each of its smaller chunks' steps.
+    pub prefill_ms_per_1k_beside_decodes: f64,
     /// Prefill: more while other requests decode, per 1K² prompt tokens (× k² × the share of
-    /// the prefill beside decodes).
+    /// the prefill beside decodes): each smaller chunk reads the context before it again.
     pub prefill_ms_per_1k_squared_beside_decodes: f64,
     /// Decode step: fixed cost.
     pub decode_base_ms: f64,
@@ -170,6 +173,7 @@ impl Default for Cost {
             prefill_ms_per_1k: 500.0,
             prefill_ms_per_1k_squared: 50.0,
             prefill_ms_per_1k_per_10k_running: 0.0,
+            prefill_ms_per_1k_beside_decodes: 0.0,
             prefill_ms_per_1k_squared_beside_decodes: 0.0,
             decode_base_ms: 10.0,
             decode_ms_per_seq: 2.0,

@@ -319,6 +319,10 @@ fn admission(a: &Admission, l: &Limits, out: &mut Problems) {
             c.prefill_ms_per_1k_per_10k_running,
         ),
         (
+            "prefill_ms_per_1k_beside_decodes",
+            c.prefill_ms_per_1k_beside_decodes,
+        ),
+        (
             "prefill_ms_per_1k_squared_beside_decodes",
             c.prefill_ms_per_1k_squared_beside_decodes,
         ),

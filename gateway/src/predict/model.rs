@@ -2,13 +2,17 @@
 //!
 //! - **Prefill** of a prompt of `p` tokens while `c` tokens of other sequences' context are
 //!   running, a share `φ` of it beside other requests' decodes:
-//!   `base + a·k + b·k² + r·k·(c/10⁴) + e·k²·φ` seconds, `k = p/1000`. The linear term is the
-//!   weights, the square the attention over the prompt itself, the fourth the decode rows of
-//!   the running sequences that a chunked prefill carries in every step, the last what a
-//!   prompt's chunks cost more while others decode: an upstream that keeps its decodes
-//!   flowing cuts a long prompt into smaller chunks then (the bundled engine: 16 tokens), and
-//!   each chunk reads the whole context before it again, so the extra grows with the square
-//!   of the prompt (on Zen 3, 3.5 s at 4K and 13.7 s at 8K). `φ` is measured over each
+//!   `base + a·k + b·k² + r·k·(c/10⁴) + (d·k + e·k²)·φ` seconds, `k = p/1000`. The linear term
+//!   is the weights, the square the attention over the prompt itself, the fourth the decode
+//!   rows of the running sequences that a chunked prefill carries in every step, the last two
+//!   what a prompt's chunks cost more while others decode: an upstream that keeps its decodes
+//!   flowing cuts a prompt into smaller chunks then (the bundled engine: 16 tokens), each step
+//!   of which also runs the decodes (`d`, per chunk, so per token), and each chunk reads the
+//!   whole context before it again (`e`, growing with the square of the prompt: on Zen 3,
+//!   3.5 s at 4K and 13.7 s at 8K). Both are needed: with `e` alone, the extra time of short
+//!   prompts beside decodes (0.27 s at 256 tokens on model 167, where 1,262 tokens took 1.06 s
+//!   more and 9,905 tokens 10.8 s) went into the square, which after a few minutes of short
+//!   traffic told a lone 8K prompt 87–106 s on an idle upstream (~8 s real). `φ` is measured over each
 //!   prefill; how it is predicted is admission's (`State::decoding_share`).
 //! - **Decode step** with `n` sequences running over `c` tokens of context:
 //!   `base + s·n + q·(c/10⁴)` seconds per token of each sequence.
@@ -26,12 +30,13 @@
 use super::fit::OnlineFit;
 use crate::policy::Cost;
 
-/// Prefill features: `[1, k, k², k·c, k²·φ]`.
-pub const PREFILL_TERMS: [&str; 5] = [
+/// Prefill features: `[1, k, k², k·c, k·φ, k²·φ]`.
+pub const PREFILL_TERMS: [&str; 6] = [
     "base",
     "per_1k",
     "per_1k_squared",
     "per_1k_per_10k_running",
+    "per_1k_beside_decodes",
     "per_1k_squared_beside_decodes",
 ];
 /// Decode features: `[1, n, c]`.
@@ -40,7 +45,7 @@ pub const DECODE_TERMS: [&str; 3] = ["base", "per_seq", "per_10k_context"];
 /// The two fits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CostModel {
-    prefill: OnlineFit<5>,
+    prefill: OnlineFit<6>,
     decode: OnlineFit<3>,
     /// Seconds between a stream's tokens while some prefill runs (`None`: none seen yet).
     beside_prefill: Option<f64>,
@@ -69,16 +74,11 @@ impl Beside {
     };
 }
 
-fn prefill_x(prompt: usize, beside: Beside) -> [f64; 5] {
+fn prefill_x(prompt: usize, beside: Beside) -> [f64; 6] {
     let k = prompt as f64 / 1000.0;
     let c = beside.context as f64 / 10_000.0;
-    [
-        1.0,
-        k,
-        k * k,
-        k * c,
-        k * k * beside.decoding.clamp(0.0, 1.0),
-    ]
+    let phi = beside.decoding.clamp(0.0, 1.0);
+    [1.0, k, k * k, k * c, k * phi, k * k * phi]
 }
 
 fn decode_x(running: usize, context: usize) -> [f64; 3] {
@@ -94,6 +94,7 @@ impl CostModel {
             ms(seed.prefill_ms_per_1k),
             ms(seed.prefill_ms_per_1k_squared),
             ms(seed.prefill_ms_per_1k_per_10k_running),
+            ms(seed.prefill_ms_per_1k_beside_decodes),
             ms(seed.prefill_ms_per_1k_squared_beside_decodes),
         ];
         let decode = [
@@ -104,7 +105,11 @@ impl CostModel {
         // Each coefficient may be off by its own size, or by a floor for a zero seed; the
         // per-token term by half its size: short prompts (k ≈ 0.03) only see `base + 0.03 a`,
         // and a wider prior on `a` let twenty of them drag it to a third of its value (the
-        // first 2K prompt then predicted 78% short, in the recorded replay).
+        // first 2K prompt then predicted 78% short, in the recorded replay). Beside decodes,
+        // the per-token term's floor (0.5 s a 1K) is wide enough to take what short prompts
+        // show there (~1 s a 1K on model 167) and the square's narrow enough (0.25 s a 1K²,
+        // whose share of a 256-token prompt's correction is then under 2%) that it learns from
+        // long prompts only.
         let spread = |v: f64, floor: f64| v.max(floor);
         Self {
             prefill: OnlineFit::new(
@@ -114,7 +119,8 @@ impl CostModel {
                     spread(0.5 * prefill[1], 0.25),
                     spread(prefill[2], 0.1),
                     spread(prefill[3], 0.1),
-                    spread(prefill[4], 0.25),
+                    spread(prefill[4], 0.5),
+                    spread(prefill[5], 0.25),
                 ],
             ),
             decode: OnlineFit::new(
@@ -193,7 +199,7 @@ impl CostModel {
 /// The model's coefficients (seconds) and how many observations shaped them.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Parameters {
-    pub prefill: [f64; 5],
+    pub prefill: [f64; 6],
     pub decode: [f64; 3],
     /// Seconds between a decoding request's tokens while another prefills (`None`: unseen).
     pub decode_beside_prefill: Option<f64>,
@@ -264,7 +270,7 @@ mod tests {
             let (got, want) = (m.prefill(8192, beside), truth(8192, share));
             assert!((got - want).abs() < 0.05 * want, "{share}: {got} vs {want}");
         }
-        let e = m.parameters().prefill[4];
+        let e = m.parameters().prefill[5];
         assert!((e - 0.2).abs() < 0.03, "{e}");
         // A share past 1 (or below 0) is clamped, not extrapolated.
         let over = Beside {
@@ -276,6 +282,46 @@ mod tests {
             decoding: 1.0,
         };
         assert_eq!(m.prefill(8192, over), m.prefill(8192, full));
+    }
+
+    /// A few minutes of short traffic, some of it beside decodes, must leave a long prompt's
+    /// prediction where the long prompts put it: the short ones cannot tell the terms apart.
+    /// Recorded on model 167 (bundled engine, 2 cores): 256-token prompts took 0.13 s alone and
+    /// 0.40 s beside three decoding streams. Before the per-token term beside decodes, this
+    /// put all of that into the square and predicted an 8K prompt beside decodes 274 s,
+    /// against the 16 s the short ones extrapolate to (the live gateway's square reached 1.24 s
+    /// a 1K² and told a lone 8K prompt 87-106 s on an idle upstream, ~8 s real).
+    #[test]
+    fn short_traffic_leaves_a_long_prompt_s_prediction_alone() {
+        let mut m = CostModel::new(&Cost::default());
+        let alone_8k = m.prefill(8192, Beside::IDLE);
+        let busy = Beside {
+            context: 1200,
+            decoding: 1.0,
+        };
+        for i in 0..400 {
+            if i % 3 == 0 {
+                m.observe_prefill(256, Beside::IDLE, 0.13);
+            } else {
+                m.observe_prefill(256, busy, 0.40);
+            }
+        }
+        let after = m.prefill(8192, Beside::IDLE);
+        assert!(
+            (after - alone_8k).abs() < 0.25 * alone_8k,
+            "alone: {after} s against {alone_8k} s before"
+        );
+        // Beside decodes: no more than half again the per-token extrapolation of what the
+        // short prompts showed there (1.05 s a 1K more).
+        let beside = m.prefill(8192, busy);
+        let linear = alone_8k + 8.192 * (0.40 - 0.13) / 0.256;
+        assert!(
+            beside < 1.5 * linear,
+            "beside: {beside} s, linear {linear} s"
+        );
+        // The short prompts themselves are predicted as they ran.
+        assert!((m.prefill(256, busy) - 0.40).abs() < 0.05);
+        assert!((m.prefill(256, Beside::IDLE) - 0.13).abs() < 0.05);
     }
 
     #[test]

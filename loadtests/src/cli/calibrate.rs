@@ -47,11 +47,12 @@ pub struct CalibrateArgs {
     /// prefill curve; empty: no `[admission.cost]` written.
     #[arg(long, value_delimiter = ',', default_value = "256,1024,4096")]
     pub prefill_probe: Vec<usize>,
-    /// A prompt length probed (8 output tokens, 2 requests) while another request decodes
-    /// throughout: what a prefill costs more beside decodes
-    /// (`prefill_ms_per_1k_squared_beside_decodes`). 0: not probed.
-    #[arg(long, default_value_t = 4096)]
-    pub beside_probe: usize,
+    /// Prompt lengths probed (8 output tokens, 2 requests each) while another request decodes
+    /// throughout: what a prefill costs more beside decodes, per token and per token squared
+    /// (`prefill_ms_per_1k_beside_decodes`, `prefill_ms_per_1k_squared_beside_decodes`: two
+    /// lengths tell them apart, one gives the square alone). 0 or empty: not probed.
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096")]
+    pub beside_probe: Vec<usize>,
     /// The policy file written.
     #[arg(long, default_value = "calibrated-policy.toml")]
     pub out: PathBuf,
@@ -169,25 +170,26 @@ pub async fn main(args: CalibrateArgs) -> Result<bool> {
             probes.push((p, t));
         }
     }
-    let beside = match args.beside_probe {
-        0 => None,
-        p => {
-            let shortest = probes.iter().min_by_key(|(p, _)| *p).map(|(_, t)| *t);
-            probe_beside_decode(p, shortest, &args.url, &target, &ctx, next_base).await?
-        }
-    };
+    let shortest = probes.iter().min_by_key(|(p, _)| *p).map(|(_, t)| *t);
+    let mut beside = Vec::new();
+    for &p in args.beside_probe.iter().filter(|&&p| p > 0) {
+        let probe = probe_beside_decode(p, shortest, &args.url, &target, &ctx, next_base).await?;
+        next_base += 3;
+        beside.extend(probe);
+    }
     let steps: Vec<(usize, f64)> = levels
         .iter()
         .filter_map(|l| l.stats.tpot.mean.map(|t| (l.concurrency, t)))
         .collect();
     let mut toml = policy_toml(&cal, base_policy.as_deref());
-    if let Some(cost) = fit_cost(&probes, &steps, beside, args.ttft_p95) {
+    if let Some(cost) = fit_cost(&probes, &steps, &beside, args.ttft_p95) {
         outln!(
-            "cost model: prefill {} ms + {} ms/1K + {} ms/1K² (+ {} ms/1K² beside decodes); \
-             decode step {} ms + {} ms per request; prefill_tokens_max = {}",
+            "cost model: prefill {} ms + {} ms/1K + {} ms/1K² (+ {} ms/1K + {} ms/1K² beside \
+             decodes); decode step {} ms + {} ms per request; prefill_tokens_max = {}",
             cost.prefill_base_ms,
             cost.prefill_ms_per_1k,
             cost.prefill_ms_per_1k_squared,
+            cost.prefill_ms_per_1k_beside_decodes,
             cost.prefill_ms_per_1k_squared_beside_decodes,
             cost.decode_base_ms,
             cost.decode_ms_per_seq,

@@ -22,6 +22,7 @@ fn cost() -> Cost {
         prefill_ms_per_1k: 1000.0,
         prefill_ms_per_1k_squared: 0.0,
         prefill_ms_per_1k_per_10k_running: 0.0,
+        prefill_ms_per_1k_beside_decodes: 0.0,
         prefill_ms_per_1k_squared_beside_decodes: 0.0,
         decode_base_ms: 10.0,
         decode_ms_per_seq: 2.0,
