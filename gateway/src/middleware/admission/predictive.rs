@@ -315,20 +315,13 @@ impl State {
         let alone = self.model.prefill(ticket.prompt_tokens, Beside::IDLE);
         let alone = secs(alone + self.margin(alone));
         let slack = alone.mul_f64(ALONE_SLACK);
-        if slack > asked {
-            HeldTo {
-                at: slack,
-                stretched: Some(Stretched {
-                    asked,
-                    by_request,
-                    alone,
-                }),
-            }
-        } else {
-            HeldTo {
-                at: asked,
-                stretched: None,
-            }
+        HeldTo {
+            at: asked.max(slack),
+            stretched: (slack > asked).then_some(Stretched {
+                asked,
+                by_request,
+                alone,
+            }),
         }
     }
 
