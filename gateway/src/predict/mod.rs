@@ -11,6 +11,7 @@
 //! - [`simulate`]: the upstream played forward under the model: every waiter's predicted time
 //!   to first token from the work running and the queue around it.
 //! - [`history`]: predicted against actual, for the error gauge and the status page's chart.
+//! - [`replay`]: the prefill fit replayed offline from the observations a gateway logged.
 
 pub mod busy;
 pub mod fit;
@@ -18,6 +19,7 @@ pub mod gate;
 pub mod history;
 pub mod model;
 pub mod preempt;
+pub mod replay;
 pub mod simulate;
 
 pub use busy::{BusyClock, Grant, RecentGrants};

@@ -81,6 +81,22 @@ fn prefill_x(prompt: usize, beside: Beside) -> [f64; 6] {
     [1.0, k, k * k, k * c, k * phi, k * k * phi]
 }
 
+/// How far an observed prefill of `seconds` may be off (one standard deviation), where the
+/// upstream spent `others` seconds on other requests first, as predicted. Timing noise grows
+/// with the time measured, 20% of it, at least 2 ms (a loopback upstream's jitter): a floor near
+/// the short prompts' own prefill (20 ms on the bundled engine) would weigh a 20 ms and a 50 ms
+/// prefill alike, and the fit would average them instead of following the short ones. The
+/// observation is the upstream's time less the others' predicted, so their error is in it too:
+/// 20% of their time beside it. Until 2026-12-07 it was 20% of the time observed alone, and a
+/// prompt behind others that ran faster than predicted, observed at nothing, weighed as a 2 ms
+/// measurement: after the seed's mix and two minutes of short traffic (model 167, three of
+/// five prefills behind others), the per-token cost had fallen from 0.50 to 0.23 s a 1K and a
+/// lone 8K prompt (~7.5 s) was predicted 4.5–5.0 s alone; replaying the same observations with
+/// the others' time counted, 5.7–6.3 s.
+fn prefill_noise(seconds: f64, others: f64) -> f64 {
+    (0.2 * seconds.max(0.0).hypot(others.max(0.0))).max(0.002)
+}
+
 fn decode_x(running: usize, context: usize) -> [f64; 3] {
     [1.0, running as f64, context as f64 / 10_000.0]
 }
@@ -147,14 +163,12 @@ impl CostModel {
         self.decode.predict(&decode_x(running, context)).max(1e-4)
     }
 
-    /// A prefill `beside` the other requests took `seconds`.
-    pub fn observe_prefill(&mut self, prompt: usize, beside: Beside, seconds: f64) {
+    /// A prefill `beside` the other requests took `seconds`, less what the upstream spent on
+    /// others before its first token as predicted (`others` seconds: their error is in
+    /// `seconds` too).
+    pub fn observe_prefill(&mut self, prompt: usize, beside: Beside, seconds: f64, others: f64) {
         if self.refit {
-            // Timing noise grows with the time measured: 20% of it, at least 2 ms (a
-            // loopback upstream's jitter). A floor near the short prompts' own prefill (20 ms
-            // on the bundled engine) would weigh a 20 ms and a 50 ms prefill alike, and the
-            // fit would average them instead of following the short ones.
-            let noise = (0.2 * seconds).max(0.002);
+            let noise = prefill_noise(seconds, others);
             self.prefill
                 .observe(&prefill_x(prompt, beside), seconds, noise);
         }
@@ -225,7 +239,7 @@ mod tests {
         // An upstream whose prefill is 3 s per 1K tokens, plus 0.1 s.
         for i in 0..300 {
             let p = [256, 1024, 4096, 8192][i % 4];
-            m.observe_prefill(p, Beside::IDLE, 0.1 + 3.0 * p as f64 / 1000.0);
+            m.observe_prefill(p, Beside::IDLE, 0.1 + 3.0 * p as f64 / 1000.0, 0.0);
             m.observe_decode(1 + i % 4, 1000, 0.02 + 0.01 * (1 + i % 4) as f64);
         }
         let at_4k = m.prefill(4096, Beside::IDLE);
@@ -238,7 +252,7 @@ mod tests {
             refit: false,
             ..Cost::default()
         });
-        frozen.observe_prefill(4096, Beside::IDLE, 100.0);
+        frozen.observe_prefill(4096, Beside::IDLE, 100.0, 0.0);
         assert_eq!(frozen.prefill(256, Beside::IDLE), cold);
         frozen.observe_decode_beside_prefill(0.1);
         assert_eq!(frozen.decode_beside_prefill(), None);
@@ -260,7 +274,7 @@ mod tests {
                 context: 0,
                 decoding: share,
             };
-            m.observe_prefill(p, beside, truth(p, share));
+            m.observe_prefill(p, beside, truth(p, share), 0.0);
         }
         for share in [0.0, 0.5, 1.0] {
             let beside = Beside {
@@ -301,9 +315,9 @@ mod tests {
         };
         for i in 0..400 {
             if i % 3 == 0 {
-                m.observe_prefill(256, Beside::IDLE, 0.13);
+                m.observe_prefill(256, Beside::IDLE, 0.13, 0.0);
             } else {
-                m.observe_prefill(256, busy, 0.40);
+                m.observe_prefill(256, busy, 0.40, 0.0);
             }
         }
         let after = m.prefill(8192, Beside::IDLE);
@@ -322,6 +336,51 @@ mod tests {
         // The short prompts themselves are predicted as they ran.
         assert!((m.prefill(256, busy) - 0.40).abs() < 0.05);
         assert!((m.prefill(256, Beside::IDLE) - 0.13).abs() < 0.05);
+    }
+
+    /// A prompt that waited behind others' prefills is observed as the upstream's time less
+    /// theirs as predicted; when they ran faster, nothing is left of it. Such an observation
+    /// tells how wrong the others' prediction was, not this prompt's time: weighed as a 2 ms
+    /// measurement (before 2026-12-07), one halved a learned 4K prediction.
+    #[test]
+    fn a_prefill_cut_to_nothing_by_the_others_time_weighs_as_little_as_it_tells() {
+        let truth = |p: usize| {
+            let k = p as f64 / 1000.0;
+            0.02 + 0.5 * k + 0.05 * k * k
+        };
+        let learned = || {
+            let mut m = CostModel::new(&Cost::default());
+            for i in 0..40 {
+                let p = [256, 256, 256, 4096][i % 4];
+                m.observe_prefill(p, Beside::IDLE, truth(p), 0.0);
+            }
+            m
+        };
+        let mut m = learned();
+        let before = m.prefill(4096, Beside::IDLE);
+        assert!(
+            (before - truth(4096)).abs() < 0.05 * truth(4096),
+            "{before}"
+        );
+        // Behind 6 s of others' predicted prefill, observed at nothing: within 15% (it fell to
+        // half, 1.44 s of 2.91 s, at the old weight).
+        m.observe_prefill(4096, Beside::IDLE, 0.0, 6.0);
+        let after = m.prefill(4096, Beside::IDLE);
+        assert!(after > 0.85 * before, "{after} s, {before} s before");
+        // With nothing ahead of it, the same observation is its own time, and taken so.
+        let mut alone = learned();
+        alone.observe_prefill(4096, Beside::IDLE, 0.0, 0.0);
+        assert!(alone.prefill(4096, Beside::IDLE) < 0.6 * before);
+        // A seed too high still learns at once from a prefill it overestimates (0.16 s
+        // predicted, 0.05 s observed; weighing it by the larger of the two, tried first, left a
+        // recorded replay's first predictions 84-91% high).
+        let mut cold = CostModel::new(&Cost::default());
+        cold.observe_prefill(256, Beside::IDLE, 0.05, 0.0);
+        assert!(
+            cold.prefill(256, Beside::IDLE) < 0.07,
+            "{}",
+            cold.prefill(256, Beside::IDLE)
+        );
     }
 
     #[test]

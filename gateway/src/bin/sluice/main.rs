@@ -5,7 +5,10 @@
 //! - `sluice certs dev`: a local CA and a `localhost` certificate in `certs/`.
 //! - `sluice policy check FILE [--against RUNNING]`: `ok <sha256>`, or the error a reload
 //!   would log; against the file in force, also what the reload would change.
+//! - `sluice policy replay-cost LOG [--policy FILE]`: the cost model's prefill fit replayed
+//!   from a gateway's debug log: its errors, the terms it ends at.
 
+mod replay_cost;
 mod serve;
 
 use std::path::PathBuf;
@@ -58,6 +61,15 @@ enum PolicyCommand {
         #[arg(long, value_name = "RUNNING")]
         against: Option<PathBuf>,
     },
+    /// Replays the prefills a gateway learned from (its log at
+    /// RUST_LOG=info,sluice::predict=debug) through the cost model seeded from a policy: each
+    /// one predicted before it is learned, the errors by prompt length, the terms at the end.
+    ReplayCost {
+        log: PathBuf,
+        /// The policy whose [admission.cost] seeds the model (the shipped one without).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+    },
 }
 
 /// `println!` without its panic when the reader of stdout has gone (`sluice policy check … |
@@ -89,6 +101,18 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("sluice: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Policy(PolicyCommand::ReplayCost { log, policy }) => {
+            match replay_cost::run(&log, policy.as_deref()) {
+                Ok(report) => {
+                    outln!("{}", report.trim_end());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("sluice: {e:#}");
                     ExitCode::FAILURE
                 }
             }

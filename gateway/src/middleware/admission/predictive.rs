@@ -667,7 +667,20 @@ impl State {
             context: f.beside_at_grant.context,
             decoding: decoded.as_secs_f64() / upstream.max(f64::EPSILON),
         };
-        self.model.observe_prefill(f.prompt, beside, prefill);
+        // What the upstream spent on other requests first, as predicted.
+        let others = (f.predicted_upstream - f.own_prefill).max(0.0);
+        tracing::debug!(
+            target: "sluice::predict",
+            prompt = f.prompt,
+            context = beside.context,
+            decoding = beside.decoding,
+            seconds = prefill,
+            predicted = self.model.prefill(f.prompt, beside),
+            others,
+            "prefill observed"
+        );
+        self.model
+            .observe_prefill(f.prompt, beside, prefill, others);
         let pair = Pair {
             at: now,
             predicted: f.predicted,
