@@ -78,6 +78,18 @@ impl BusyClock {
 /// How far back [`RecentGrants`] counts.
 const GRANTS_WINDOW: Duration = Duration::from_secs(60);
 
+/// What a grant `age` old counts for in the last minute's arrival rate: `exp(−age / RECENT)`,
+/// as the recent share fades, scaled so that a steady stream counts as many as it brought in
+/// the minute (a grant just now counts 2.3, one a minute old 0.3). Counted flat over the minute
+/// (until 2026-12-07), the tail of a burst that had ended 50 s before still read as a sixth of
+/// its rate: on model 167 a lone 8K prompt, 50 s after two minutes of short traffic, was
+/// predicted to run beside decodes for 74% of its prefill on an idle upstream, and refused; now
+/// it is admitted (told 7.1 s, first token at 6.0 s).
+pub(crate) fn weight(age: Duration) -> f64 {
+    let (tau, window) = (RECENT.as_secs_f64(), GRANTS_WINDOW.as_secs_f64());
+    (-age.as_secs_f64() / tau).exp() * window / (tau * (1.0 - (-window / tau).exp()))
+}
+
 /// A request granted, as [`RecentGrants`] keeps it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Grant {
@@ -110,17 +122,19 @@ impl RecentGrants {
         self.list.push_back(grant);
     }
 
-    /// The grants of the last minute as of `now`.
-    fn within(&self, now: Instant) -> impl Iterator<Item = &Grant> {
-        self.list
-            .iter()
-            .filter(move |g| now.saturating_duration_since(g.at) <= GRANTS_WINDOW)
+    /// The grants of the last minute as of `now`, each with its [`weight`].
+    fn within(&self, now: Instant) -> impl Iterator<Item = (&Grant, f64)> {
+        self.list.iter().filter_map(move |g| {
+            let age = now.saturating_duration_since(g.at);
+            (age <= GRANTS_WINDOW).then(|| (g, weight(age)))
+        })
     }
 
     /// The mean number of requests decoding at once (`λ·D`) if requests keep arriving at the
-    /// last minute's rate `λ` and each decodes its expected output `gap` seconds a token (`D`).
+    /// last minute's rate `λ` (recent grants weighing more) and each decodes its expected output
+    /// `gap` seconds a token (`D`).
     pub fn decoding_at_once(&self, now: Instant, gap: f64) -> f64 {
-        let outputs: f64 = self.within(now).map(|g| g.output).sum();
+        let outputs: f64 = self.within(now).map(|(g, w)| w * g.output).sum();
         outputs * gap / GRANTS_WINDOW.as_secs_f64()
     }
 
@@ -136,8 +150,8 @@ impl RecentGrants {
     ) -> Preemption {
         let load = self
             .within(now)
-            .filter(|g| !present(g.id))
-            .map(|g| (g.prompt, prefill(g.prompt)));
+            .filter(|(g, _)| !present(g.id))
+            .map(|(g, w)| (g.prompt, w * prefill(g.prompt)));
         Preemption::new(load, GRANTS_WINDOW.as_secs_f64())
     }
 }
@@ -184,11 +198,18 @@ mod tests {
         for i in 0..60 {
             g.push(grant(at(5 * i), i, 256));
         }
-        let load = g.decoding_at_once(at(300), 0.15);
+        // Over the phases of the stream (the latest grant 0-4 s old), on average.
+        let load = (295..300)
+            .map(|s| g.decoding_at_once(at(s), 0.15))
+            .sum::<f64>()
+            / 5.0;
         assert!((load - 1.92).abs() < 0.05, "{load}");
         // Only the last minute is kept.
         assert!(g.list.len() <= 13, "{}", g.list.len());
-        // A minute and more with none: none.
+        // 50 s after the stream stopped, under a tenth of it (its last three grants, flat, made
+        // a quarter); a minute and more with none: none.
+        let after = g.decoding_at_once(at(345), 0.15);
+        assert!(after < 0.1 * load, "{after}");
         assert_eq!(g.decoding_at_once(at(400), 0.15), 0.0);
     }
 
@@ -203,15 +224,29 @@ mod tests {
         }
         g.push(grant(at(59), 99, 4096));
         let cost = |p: usize| p as f64 / 2000.0;
-        // 30 prompts of 0.128 s in 60 s below an 8K prompt; the 4K one is present, so left out.
+        // Each grant's prefill seconds at its weight, over the minute.
+        let load = |now: u64, grants: &[(u64, f64)]| {
+            grants
+                .iter()
+                .filter(|(t, _)| now - t <= 60)
+                .map(|(t, s)| s * weight(Duration::from_secs(now - t)))
+                .sum::<f64>()
+                / 60.0
+        };
+        let short: Vec<(u64, f64)> = (0..30).map(|i| (2 * i, 0.128)).collect();
+        let both: Vec<(u64, f64)> = short.iter().copied().chain([(59, 2.048)]).collect();
+        // 30 prompts of 0.128 s in 60 s below an 8K prompt, about 0.064 of the upstream; the 4K
+        // one is present, so left out.
         let p = g.preemption(at(59), |id| id == 99, cost);
-        assert!((p.share_below(8192) - 30.0 * 0.128 / 60.0).abs() < 1e-9);
+        assert!((p.share_below(8192) - load(59, &short)).abs() < 1e-9);
+        assert!((p.share_below(8192) - 30.0 * 0.128 / 60.0).abs() < 0.01);
         // Once past its prefill, it counts.
         let p = g.preemption(at(59), |_| false, cost);
-        assert!((p.share_below(8192) - (30.0 * 0.128 + 2.048) / 60.0).abs() < 1e-9);
+        assert!((p.share_below(8192) - load(59, &both)).abs() < 1e-9);
         // What is more than a minute old does not.
         let p = g.preemption(at(100), |_| false, cost);
-        assert!((p.share_below(8192) - (10.0 * 0.128 + 2.048) / 60.0).abs() < 1e-9);
+        assert!((p.share_below(8192) - load(100, &both)).abs() < 1e-9);
+        assert!(load(100, &both) < load(59, &both));
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,7 +8,8 @@
 //! lowest class of a preemptive priority queue, the long prefill gets only the share of the
 //! upstream that the shorter arrivals leave: its `w` seconds of work take `w / (1 − ρ)`, where
 //! `ρ` is the prefill seconds per second that prompts shorter than it bring. `ρ` is taken from
-//! the last minute's grants ([`super::RecentGrants`]), each at its predicted prefill time.
+//! the last minute's grants ([`super::RecentGrants`]), each at its predicted prefill time and
+//! the weight of its age there.
 
 /// The share of the upstream the shorter arrivals may take, at most: beyond it a prediction
 /// says "ten times its own time" (and misses any deadline it had room for) rather than forever.

@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 use super::*;
 use crate::error::{GatewayError, Stretched, Unmeetable};
 use crate::policy::{Class, Cost, PrefillOrder};
+use crate::predict::busy::weight;
 
 /// Prefill 1 s per 1K tokens, decode 10 ms a step; refit off so the figures stay exact.
 fn cost() -> Cost {
@@ -109,11 +110,13 @@ async fn with_the_least_prefill_left_first_a_short_prompt_goes_ahead_of_a_long_o
     // The first one's first token; a 2K prompt now has less left than the long one's 3 s (it
     // has had only its first second) and goes ahead of it, behind the second's 0.25 s. Its own
     // 2 s are stretched by what shorter prompts took over the last minute: the first one's
-    // 0.25 s (the second, still in prefill, is played out as it is).
+    // 0.25 s, granted 0.25 s before, at its weight there (the second, still in prefill, is
+    // played out as it is).
     tokio::time::sleep(Duration::from_millis(150)).await;
     b.permit.first_token();
     let d = acquire(adm.clone(), ticket("d", 2000)).await.expect("slot");
-    let stretched = 2.0 / (1.0 - 0.25 / 60.0);
+    let rho = 0.25 * weight(Duration::from_millis(250)) / 60.0;
+    let stretched = 2.0 / (1.0 - rho);
     assert!((told(&d) - (0.25 + stretched)).abs() < 1e-3, "{}", told(&d));
     drop((long, c, d));
 }
@@ -121,10 +124,11 @@ async fn with_the_least_prefill_left_first_a_short_prompt_goes_ahead_of_a_long_o
 #[tokio::test(start_paused = true)]
 async fn a_long_prompt_is_told_what_the_shorter_arrivals_will_take_from_its_prefill() {
     // Steady short traffic for a minute: a 500-token prompt every 2 s, each served at once
-    // (0.5 s of prefill, a token, done): a quarter of the upstream. On an upstream that
-    // prefills the least left first, every one of them arriving during a 2K prompt's prefill
-    // goes ahead of it: its 2 s take 2 / (1 − 1/4) = 2.67 s, past the 2.6 s deadline though
-    // its own prefill meets it. In arrival order, nothing overtakes it.
+    // (0.5 s of prefill, a token, done): a quarter of the upstream (0.242 as the grants are
+    // weighted, the latest 2 s old). On an upstream that prefills the least left first, every
+    // one of them arriving during a 2K prompt's prefill goes ahead of it: its 2 s take
+    // 2 / (1 − 0.242) = 2.64 s, past the 2.6 s deadline though its own prefill meets it. In
+    // arrival order, nothing overtakes it.
     let deadline = Limits {
         interactive_ttft_deadline: Duration::from_millis(2600),
         ..limits(4)
@@ -148,7 +152,11 @@ async fn a_long_prompt_is_told_what_the_shorter_arrivals_will_take_from_its_pref
                 let GatewayError::DeadlineUnmeetable { predicted, .. } = err else {
                     panic!("expected deadline_unmeetable, got {err:?}");
                 };
-                let want = 2.0 / (1.0 - 30.0 * 0.5 / 60.0);
+                let rho: f64 = (1..=30)
+                    .map(|i| 0.5 * weight(Duration::from_secs(2 * i)) / 60.0)
+                    .sum();
+                assert!((rho - 0.25).abs() < 0.01, "{rho}");
+                let want = 2.0 / (1.0 - rho);
                 let got = predicted.as_secs_f64();
                 assert!((got - want).abs() < 1e-3, "{got} vs {want}");
             }
