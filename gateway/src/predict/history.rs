@@ -28,6 +28,13 @@ impl Pair {
     }
 }
 
+/// The middle value of `xs` (the upper of the two middle ones for an even count; `None` for
+/// none): what the error gauge, the replay of the fit and its tests report.
+pub fn median(mut xs: Vec<f64>) -> Option<f64> {
+    xs.sort_by(f64::total_cmp);
+    xs.get(xs.len() / 2).copied()
+}
+
 /// The recent pairs.
 #[derive(Clone, Debug, Default)]
 pub struct History {
@@ -59,12 +66,7 @@ impl History {
 
     /// The median relative error over the recent pairs (`None` without any).
     pub fn median_error(&self, now: Instant) -> Option<f64> {
-        let mut errs: Vec<f64> = self.recent(now).map(Pair::relative_error).collect();
-        if errs.is_empty() {
-            return None;
-        }
-        errs.sort_by(f64::total_cmp);
-        Some(errs[errs.len() / 2])
+        median(self.recent(now).map(Pair::relative_error).collect())
     }
 
     /// How much later than predicted the last `n` recent first tokens came, per square root

@@ -9,6 +9,7 @@
 //! them, without rerunning the traffic: each prediction is made before its observation is
 //! learned, as the gateway made it.
 
+use super::history::median;
 use super::model::{Beside, CostModel, Parameters};
 
 /// The message admission logs each prefill observation under.
@@ -65,19 +66,12 @@ pub struct Errors {
 }
 
 impl Errors {
-    fn of(mut errs: Vec<f64>) -> Option<Self> {
-        if errs.is_empty() {
-            return None;
-        }
-        let median = |xs: &mut Vec<f64>| {
-            xs.sort_by(f64::total_cmp);
-            xs[xs.len() / 2]
-        };
-        let mut abs: Vec<f64> = errs.iter().map(|e| e.abs()).collect();
+    fn of(errs: Vec<f64>) -> Option<Self> {
+        let abs = errs.iter().map(|e| e.abs()).collect();
         Some(Self {
             count: errs.len(),
-            median: median(&mut errs),
-            median_abs: median(&mut abs),
+            median: median(errs)?,
+            median_abs: median(abs)?,
         })
     }
 }

@@ -17,6 +17,7 @@ use http_body_util::BodyExt;
 use super::*;
 use crate::body::BoxError;
 use crate::policy::Class;
+use crate::predict::history::median;
 use crate::telemetry::Metrics;
 
 /// One stream as the engine sent it: ms after the request reached it.
@@ -174,11 +175,6 @@ fn errors(adm: &Admission) -> Vec<f64> {
         .collect()
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
 #[tokio::test(start_paused = true)]
 async fn the_role_event_leaves_the_prompt_in_its_prefill() {
     let adm = default_admission();
@@ -204,7 +200,7 @@ async fn recorded_engine_streams_are_predicted_within_a_quarter() {
         replay(adm.clone(), rec).await;
     }
     let errs = errors(&adm);
-    let m = median(errs.clone());
+    let m = median(errs.clone()).expect("errors");
     assert!(m.abs() <= 0.25, "median {m:+.2} over {errs:?}");
     let last = errs[errs.len() - 1];
     assert!(last.abs() <= 0.25, "last {last:+.2} over {errs:?}");
