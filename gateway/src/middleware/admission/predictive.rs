@@ -677,7 +677,8 @@ impl State {
             seconds = prefill,
             predicted = self.model.prefill(f.prompt, beside),
             others,
-            "prefill observed"
+            "{}",
+            predict::replay::MESSAGE
         );
         self.model
             .observe_prefill(f.prompt, beside, prefill, others);
